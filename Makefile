@@ -1,0 +1,32 @@
+# `make run` and `make test` set everything up on a fresh machine (Python >= 3.10 with pip).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch: keep a torch the user already has in the venv; otherwise install the CPU build pinned here
+# (on this project's machines it lies on disk). Override e.g. TORCH_SPEC="torch" for a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup run test test-all lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "$(TORCH_SPEC)"
+	$(BIN)/pip install -e ".[dev]"
+	touch $@
+
+run: setup
+	$(BIN)/python train.py $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q $(ARGS)
+
+test-all: setup
+	$(BIN)/python -m pytest -q -m "slow or not slow" $(ARGS)
+
+lint: setup
+	$(BIN)/ruff check src tests scripts train.py
+
+clean:
+	rm -rf $(VENV) .cache outputs multirun wandb

@@ -1,0 +1,28 @@
+"""Positional encodings. One file per encoding here, one YAML per encoding in conf/encoding/."""
+
+import inspect
+from typing import Any
+
+from hydra.utils import get_class
+
+from posab.encodings.base import Dims, Encoding, Positions
+from posab.errors import ConfigError
+
+__all__ = ["Dims", "Encoding", "Positions", "build_encoding"]
+
+
+def build_encoding(spec: dict[str, Any], dims: Dims) -> Encoding:
+    """Build an encoding from its config node: `_target_` plus the constructor's keyword arguments.
+
+    A key the constructor does not take is reported with the keys it does take.
+    """
+    params = {key: value for key, value in spec.items() if key not in ("_target_", "name")}
+    cls = get_class(spec["_target_"])
+    accepted = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "dims")]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ConfigError(
+            f"encoding {spec.get('name', spec['_target_'])!r} has no setting {', '.join(unknown)}; "
+            f"valid settings: {', '.join(accepted) or '(none)'}"
+        )
+    return cls(dims, **params)

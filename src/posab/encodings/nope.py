@@ -1,0 +1,9 @@
+"""NoPE: no positional information (Kazemnejad et al., 2023). Order is only visible through causality."""
+
+from posab.encodings.base import Encoding
+
+
+class NoPE(Encoding):
+    """The base interface with every method a no-op."""
+
+    relative_only = True
