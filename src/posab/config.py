@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from posab.encodings import encoding_class
 from posab.errors import ConfigError
 
 
@@ -140,4 +141,5 @@ def validate(cfg: Config) -> None:
     sources = ("synthetic", "text", "hub")
     _require(cfg.data.source in sources, f"data.source={cfg.data.source!r}: use one of {', '.join(sources)}")
     _require("_target_" in cfg.encoding, "encoding: no _target_; pick one with encoding=NAME")
+    encoding_class(cfg.encoding)
     _require(cfg.eval.batch_tokens > 0, f"eval.batch_tokens={cfg.eval.batch_tokens} must be positive")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import re
@@ -17,12 +18,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from posab.config import DataConfig
 from posab.data.synthetic import SyntheticSpec, generate_corpus
 from posab.errors import ConfigError
 
 SPLITS = ("train", "valid", "test")
 SPLIT_ALIASES = {"train": "train", "valid": "valid", "validation": "valid", "val": "valid", "test": "test"}
+UNSPLIT = "unsplit"  # documents not yet split (`all` is reserved by `datasets`)
 WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
 
 
@@ -76,7 +80,7 @@ def _text_files(path: str) -> list[Path]:
 
 
 def _split_files(cfg: DataConfig) -> dict[str, list[Path]]:
-    """Files per split when the folder has split sub-folders, else {'all': files}."""
+    """Files per split when the folder has split sub-folders, else {UNSPLIT: files}."""
     if not cfg.path:
         raise ConfigError("data.path is not set: data=text needs data.path=FOLDER_OR_FILES")
     root = Path(cfg.path).expanduser()
@@ -89,7 +93,7 @@ def _split_files(cfg: DataConfig) -> dict[str, list[Path]]:
             )
         files = {split: _text_files(str(folder)) for split, folder in sub.items()}
     else:
-        files = {"all": _text_files(cfg.path)}
+        files = {UNSPLIT: _text_files(cfg.path)}
     if not any(files.values()):
         raise ConfigError(f"data.path='{cfg.path}' holds no text files (.txt, .raw or .md)")
     return files
@@ -114,33 +118,23 @@ def _load_text(cfg: DataConfig) -> dict[str, list[str]]:
         "text", data_files=data_files, sample_by="document", keep_linebreaks=True, cache_dir=_hf_cache(cfg)
     )
     docs = {split: [row["text"] for row in loaded[split] if row["text"].strip()] for split in data_files}
-    if "all" in docs:
-        docs = split_documents(docs["all"])
+    if UNSPLIT in docs:
+        docs = split_documents(docs[UNSPLIT])
     docs.setdefault("test", [])
     _check_not_empty(docs, cfg.path or "")
     return docs
 
 
 def _check_text_file(path: Path) -> None:
+    """Reject binary or non-UTF-8 files by their first 64 KiB (a character cut at the sample end is fine)."""
     head = path.read_bytes()[:65536]
+    whole = path.stat().st_size <= len(head)
     try:
         if b"\x00" in head:
-            raise UnicodeDecodeError("utf-8", head, 0, 1, "NUL byte")
-        head.decode("utf-8", errors="strict")
+            raise UnicodeDecodeError("utf-8", head, head.index(b"\x00"), len(head), "NUL byte")
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=whole)
     except UnicodeDecodeError:
-        # a multi-byte character cut at the end of the sample is fine; anything else is not text
-        if b"\x00" in head or not _is_cut_utf8(head):
-            raise ConfigError(f"data.path file '{path}' is not UTF-8 text (binary data?)") from None
-
-
-def _is_cut_utf8(head: bytes) -> bool:
-    for cut in range(1, 4):
-        try:
-            head[:-cut].decode("utf-8")
-            return True
-        except UnicodeDecodeError:
-            continue
-    return False
+        raise ConfigError(f"data.path file '{path}' is not UTF-8 text (binary data?)") from None
 
 
 def split_documents(docs: list[str]) -> dict[str, list[str]]:
@@ -155,14 +149,10 @@ def split_documents(docs: list[str]) -> dict[str, list[str]]:
     paragraphs = [p for doc in docs for p in re.split(r"\n[ \t\r]*\n", doc) if p.strip()]
     if len(paragraphs) < 3:
         return {"train": docs, "valid": [], "test": []}
-    sizes = [len(p) for p in paragraphs]
-    total = sum(sizes)
-    cuts, running = [], 0
-    for index, size in enumerate(sizes):
-        running += size
-        if len(cuts) < 2 and running >= total * (0.90 if not cuts else 0.95):
-            cuts.append(min(index + 1, len(paragraphs) - (2 - len(cuts))))
-    a, b = cuts[0], max(cuts[1], cuts[0] + 1)
+    ends = np.cumsum([len(p) for p in paragraphs])  # characters up to and including each paragraph
+    n = len(paragraphs)
+    a = int(np.clip(np.searchsorted(ends, 0.90 * ends[-1]) + 1, 1, n - 2))
+    b = int(np.clip(np.searchsorted(ends, 0.95 * ends[-1]) + 1, a + 1, n - 1))
     join = "\n\n".join
     return {"train": [join(paragraphs[:a])], "valid": [join(paragraphs[a:b])], "test": [join(paragraphs[b:])]}
 

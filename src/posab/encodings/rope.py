@@ -52,9 +52,9 @@ class RoPE(Encoding):
 
     def rotate(self, q: Tensor, k: Tensor, pos: Positions) -> tuple[Tensor, Tensor]:
         cos, sin = self.tables(pos.token)
-        return self._apply(q, cos, sin), self._apply(k, cos, sin)
+        return self._rotated(q, cos, sin), self._rotated(k, cos, sin)
 
-    def _apply(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def _rotated(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """x: (B, H, T, D); cos, sin: (T, R)."""
         r = self.rotary_dim
         rot, rest = x[..., :r], x[..., r:]

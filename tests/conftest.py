@@ -1,0 +1,56 @@
+"""Shared helpers: every encoding is discovered from conf/encoding/*.yaml, so a new one is tested at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from posab.config import Config, load_config
+from posab.data.tokenizer import VOCAB_SIZE
+from posab.model import DecoderLM
+from posab.run import build_model
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+ENCODINGS = sorted(p.stem for p in (CONF / "encoding").glob("*.yaml"))
+
+
+def compose_config(overrides: list[str] | None = None) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides or [])
+
+
+def typed_config(overrides: list[str] | None = None) -> Config:
+    return load_config(compose_config(overrides))
+
+
+def tiny_model(encoding: str, *overrides: str, seed: int = 0) -> DecoderLM:
+    """A tiny fp32 model with the given encoding, in eval mode."""
+    cfg = typed_config(["+experiment=tiny", f"encoding={encoding}", *overrides])
+    torch.manual_seed(seed)
+    return build_model(cfg, VOCAB_SIZE).eval()
+
+
+def run_train(args: list[str], cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """`python train.py ARGS` as a user would run it."""
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "WANDB_MODE": "offline"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(params=ENCODINGS)
+def encoding(request: pytest.FixtureRequest) -> str:
+    return request.param

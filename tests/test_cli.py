@@ -1,0 +1,77 @@
+"""`python train.py ...` end to end, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ENCODINGS, run_train
+from posab.data.synthetic import SyntheticSpec, generate_corpus, write_text_folder
+
+
+def tiny_args(tmp_path: Path, *more: str) -> list[str]:
+    return [
+        "+experiment=tiny",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *more,
+    ]
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_train_every_encoding(encoding: str, tmp_path: Path) -> None:
+    proc = run_train(tiny_args(tmp_path, f"encoding={encoding}"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "run"
+    results = json.loads((run / "results.json").read_text())
+    assert results["status"] == "finished"
+    assert results["encoding"] == encoding
+    assert results["val_loss"] > 0 and results["tokens_per_s"] > 0
+    assert results["params"]["total"] > 0 and results["wall_time_s"] > 0
+    assert len(results["git_commit"]) in (40, len("unknown"))
+    assert (run / "checkpoint.pt").stat().st_size > 0
+    assert f"name: {encoding}" in (run / "config.yaml").read_text()
+    assert any('"val/loss"' in line for line in (run / "metrics.jsonl").read_text().splitlines())
+
+
+def test_train_on_a_text_folder(tmp_path: Path) -> None:
+    corpus = generate_corpus(SyntheticSpec(seed=3, vocab_size=200, train_docs=4, valid_docs=2, test_docs=1))
+    folder = write_text_folder(corpus, tmp_path / "books")
+    proc = run_train(tiny_args(tmp_path, "data=text", f"data.path={folder}", "encoding=alibi"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "finished"
+    assert results["data"]["tokens"]["valid"] > 0
+
+
+def error_line(proc) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def test_unknown_encoding_lists_the_available_ones(tmp_path: Path) -> None:
+    proc = run_train(tiny_args(tmp_path, "encoding=absolute"))
+    assert proc.returncode != 0
+    assert "absolute" in proc.stderr
+    for name in ENCODINGS:
+        assert name in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["data=text", "data.path=/no/such/folder"], "data.path='/no/such/folder' does not exist"),
+        (["train.seq_len=100000"], "too few for one window of 100000 tokens"),
+        (["train.steps=0"], "train.steps=0 must be a positive integer"),
+        (["model.d_model=30", "model.n_heads=4"], "model.d_model=30 is not divisible by model.n_heads=4"),
+        (["encoding=rope", "model.d_model=6", "model.n_heads=2"], "head_dim=3"),
+    ],
+)
+def test_bad_input_gives_one_clear_line(tmp_path: Path, args: list[str], expected: str) -> None:
+    proc = run_train(tiny_args(tmp_path, *args))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert expected in error_line(proc)
+    assert error_line(proc).startswith("error: ")
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,160 @@
+"""Every encoding through the same checks, plus formula checks for the ones that have a closed form."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from posab.encodings import Dims, Positions
+from posab.encodings.alibi import ALiBi, alibi_slopes
+from posab.encodings.hierarchical import Hierarchical
+from posab.encodings.multiscale import MultiScale
+from posab.errors import ConfigError
+
+B, T, V = 2, 24, 260
+
+
+def structured_batch(length: int = T, batch: int = B, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random tokens with sentence and paragraph indices that grow like real text."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, V, (batch, length), generator=g)
+    sentence = torch.cumsum(torch.rand(batch, length, generator=g) < 0.15, dim=1)
+    paragraph = torch.cumsum(torch.rand(batch, length, generator=g) < 0.04, dim=1)
+    return tokens, sentence, paragraph
+
+
+@torch.no_grad()
+def test_output_shape(encoding: str) -> None:
+    tokens, sentence, paragraph = structured_batch()
+    logits = tiny_model(encoding)(tokens, sentence, paragraph)
+    assert logits.shape == (B, T, V)
+    assert torch.isfinite(logits).all()
+
+
+@torch.no_grad()
+def test_causality(encoding: str) -> None:
+    """Changing tokens after t leaves the outputs up to t unchanged."""
+    model = tiny_model(encoding)
+    tokens, sentence, paragraph = structured_batch()
+    t = T // 2
+    changed = tokens.clone()
+    changed[:, t + 1 :] = (changed[:, t + 1 :] + 7) % V
+    before = model(tokens, sentence, paragraph)
+    after = model(changed, sentence, paragraph)
+    torch.testing.assert_close(before[:, : t + 1], after[:, : t + 1], rtol=0, atol=1e-5)
+    assert not torch.allclose(before[:, t + 1 :], after[:, t + 1 :])
+
+
+@torch.no_grad()
+def test_forward_at_eight_times_training_length(encoding: str) -> None:
+    model = tiny_model(encoding)  # trained length of the tiny preset: 64
+    tokens, sentence, paragraph = structured_batch(length=8 * 64, batch=1)
+    logits = model(tokens, sentence, paragraph)
+    assert logits.shape == (1, 8 * 64, V)
+    assert torch.isfinite(logits).all()
+
+
+@torch.no_grad()
+def test_position_offset(encoding: str) -> None:
+    """Relative encodings ignore a common offset of all positions; absolute ones do not."""
+    model = tiny_model(encoding)
+    tokens, sentence, paragraph = structured_batch()
+    base = model(tokens, sentence, paragraph)
+    shifted = model(tokens, sentence, paragraph, offset=1000)
+    if model.encoding.relative_only:
+        torch.testing.assert_close(base, shifted, rtol=0, atol=1e-4)
+    else:
+        assert (base - shifted).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    ("heads", "expected"),
+    [
+        (4, [2**-2, 2**-4, 2**-6, 2**-8]),
+        (8, [2 ** -(h + 1) for h in range(8)]),
+        (12, [2 ** -(h + 1) for h in range(8)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]),
+    ],
+)
+def test_alibi_slopes(heads: int, expected: list[float]) -> None:
+    torch.testing.assert_close(alibi_slopes(heads), torch.tensor(expected))
+
+
+def test_alibi_bias_is_minus_slope_times_distance() -> None:
+    enc = ALiBi(Dims(d_model=32, n_heads=4))
+    bias = enc.bias(Positions.build(6))[0]  # (H, L, L)
+    for h, m in enumerate(alibi_slopes(4).tolist()):
+        for i in range(6):
+            for j in range(i + 1):
+                assert math.isclose(float(bias[h, i, j]), -m * (i - j), rel_tol=1e-6)
+
+
+def pairwise_multiscale(enc: MultiScale, length: int) -> torch.Tensor:
+    """The design note's all-pairs evaluation: the MLP on every (i, j), as the slow reference."""
+    i = torch.arange(length)
+    d = (i[:, None] - i[None, :]).flatten().float()  # (L*L,)
+    return enc.distance_mlp(d).view(-1, length, length)  # (H, L*L) -> (H, L, L)
+
+
+def test_multiscale_distinct_distances_equal_all_pairs() -> None:
+    torch.manual_seed(0)
+    enc = MultiScale(Dims(d_model=32, n_heads=4), num_freqs=8, max_dist=256.0, hidden=16)
+    fast = enc.bias(Positions.build(40))[0]
+    torch.testing.assert_close(fast, pairwise_multiscale(enc, 40))
+
+
+@pytest.mark.parametrize("combine", ["mix", "sum"])
+def test_hierarchical_distinct_distances_equal_all_pairs(combine: str) -> None:
+    torch.manual_seed(0)
+    enc = Hierarchical(Dims(d_model=32, n_heads=4), combine=combine, num_freqs=8, hidden=16)
+    with torch.no_grad():
+        if combine == "mix":
+            enc.mix.normal_()
+            enc.mix_bias.normal_()
+    _, sentence, paragraph = structured_batch(length=30)
+    fast = enc.bias(Positions.build(30, sentence=sentence, paragraph=paragraph))  # (B, H, L, L)
+    i = torch.arange(30)
+    coords = {
+        "token": (i[:, None] - i[None, :]).expand(B, 30, 30),
+        "sentence": sentence[:, :, None] - sentence[:, None, :],
+        "paragraph": paragraph[:, :, None] - paragraph[:, None, :],
+    }
+    per_level = [
+        enc.level_mlps[lv](coords[lv].flatten().float()).view(4, B, 30, 30).permute(1, 0, 2, 3)
+        for lv in enc.levels
+    ]  # each (B, H, L, L)
+    if combine == "sum":
+        slow = sum(per_level)
+    else:
+        stacked = torch.stack(per_level, dim=1)  # (B, levels, H, L, L)
+        slow = torch.einsum("lgh,blhij->bgij", enc.mix, stacked) + enc.mix_bias[None, :, None, None]
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+def test_hierarchical_levels_and_anchor_independence() -> None:
+    """Sentence/paragraph structure changes the hierarchical bias; the token level alone does not see it."""
+    _, sentence, paragraph = structured_batch(length=20)
+    torch.manual_seed(0)
+    token_only = Hierarchical(Dims(32, 4), levels=["token"], combine="sum")
+    flat = Positions.build(20, sentence=torch.zeros_like(sentence), paragraph=torch.zeros_like(paragraph))
+    full = Positions.build(20, sentence=sentence, paragraph=paragraph)
+    torch.testing.assert_close(token_only.bias(flat), token_only.bias(full))
+    torch.manual_seed(0)
+    all_levels = Hierarchical(Dims(32, 4))
+    assert not torch.allclose(all_levels.bias(flat), all_levels.bias(full))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["encoding=rope", "model.d_model=6", "model.n_heads=2"], "head_dim=3"),
+        (["encoding=hierarchical", "encoding.levels=[token,word]"], "levels"),
+        (["encoding=hierarchical", "encoding.combine=concat"], "combine='concat'"),
+        (["encoding=multiscale", "encoding.num_freqs=0"], "num_freqs=0"),
+    ],
+)
+def test_bad_encoding_settings(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tiny_model(*overrides[0].split("=")[1:], *overrides[1:])
