@@ -47,6 +47,7 @@ class DataConfig:
     hub_local_dir: str | None = None  # hub: an offline copy (parquet or text files) instead of the hub
     text_field: str = "text"
     anchors: bool = True
+    needle_rate: float = 0.05  # share of training windows that are passkey examples (0 turns it off)
     cache_dir: str = ".cache/posab"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
@@ -73,8 +74,40 @@ class TrainConfig:
 
 
 @dataclass
+class PerplexityConfig:
+    enabled: bool = True
+    token_budget: int = 32768  # tokens scored per length: windows = max(1, budget // length)
+    windows: int | None = None  # a fixed number of windows per length instead of the budget
+    position_bins: int = 32  # per-position loss: equal-width bins over each window
+    stride: int | None = None  # also report sliding-window perplexity with this stride
+
+
+@dataclass
+class NeedleConfig:
+    enabled: bool = True
+    lengths: list[int] | None = None  # None: eval.lengths
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    trials: int = 10
+    key_digits: int = 5
+    seed: int = 1234
+
+
+@dataclass
+class ShiftConfig:
+    enabled: bool = True
+    offsets: list[int] = field(default_factory=lambda: [1, 64, 512, 4096])
+    prefix_lengths: list[int] = field(default_factory=lambda: [64, 256, 1024])
+    windows: int = 8  # validation windows of the training length
+
+
+@dataclass
 class EvalConfig:
-    batch_tokens: int = 16384
+    lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
+    batch_tokens: int = 16384  # batch size per length = max(1, batch_tokens // length)
+    progress: bool = True
+    perplexity: PerplexityConfig = field(default_factory=PerplexityConfig)
+    needle: NeedleConfig = field(default_factory=NeedleConfig)
+    shift: ShiftConfig = field(default_factory=ShiftConfig)
 
 
 @dataclass
@@ -142,4 +175,24 @@ def validate(cfg: Config) -> None:
     _require(cfg.data.source in sources, f"data.source={cfg.data.source!r}: use one of {', '.join(sources)}")
     _require("_target_" in cfg.encoding, "encoding: no _target_; pick one with encoding=NAME")
     encoding_class(cfg.encoding)
-    _require(cfg.eval.batch_tokens > 0, f"eval.batch_tokens={cfg.eval.batch_tokens} must be positive")
+    _require(0 <= cfg.data.needle_rate <= 1, f"data.needle_rate={cfg.data.needle_rate} must be in [0, 1]")
+    validate_eval(cfg.eval)
+
+
+def validate_eval(e: EvalConfig) -> None:
+    _require(e.batch_tokens > 0, f"eval.batch_tokens={e.batch_tokens} must be positive")
+    for name, lengths in (("eval.lengths", e.lengths), ("eval.needle.lengths", e.needle.lengths or [])):
+        bad = [n for n in lengths if n < 1]
+        _require(not bad, f"{name}={lengths}: every length must be >= 1 (bad: {bad})")
+    p, n, s = e.perplexity, e.needle, e.shift
+    _require(p.token_budget > 0, f"eval.perplexity.token_budget={p.token_budget} must be positive")
+    _require(p.windows is None or p.windows > 0, f"eval.perplexity.windows={p.windows} must be positive")
+    _require(p.position_bins > 0, f"eval.perplexity.position_bins={p.position_bins} must be positive")
+    _require(p.stride is None or p.stride > 0, f"eval.perplexity.stride={p.stride} must be positive")
+    bad_depths = [d for d in n.depths if not 0 <= d <= 1]
+    _require(not bad_depths, f"eval.needle.depths={n.depths}: depths must be in [0, 1] (bad: {bad_depths})")
+    _require(n.trials > 0, f"eval.needle.trials={n.trials} must be positive")
+    _require(1 <= n.key_digits <= 12, f"eval.needle.key_digits={n.key_digits} must be in [1, 12]")
+    _require(s.windows > 0, f"eval.shift.windows={s.windows} must be positive")
+    bad_shift = [k for k in s.offsets + s.prefix_lengths if k < 0]
+    _require(not bad_shift, f"eval.shift offsets/prefix_lengths must be >= 0 (bad: {bad_shift})")

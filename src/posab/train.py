@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from posab.config import TrainConfig
-from posab.data import Batch, TokenStream, TrainSampler
+from posab.config import Config, TrainConfig
+from posab.data import Batch, CorpusData, TokenStream, TrainSampler
 from posab.errors import ConfigError
 from posab.logging import Logger
 from posab.model import DecoderLM
@@ -112,19 +112,21 @@ def validation_loss(
 
 class Trainer:
     def __init__(
-        self,
-        model: DecoderLM,
-        train_stream: TokenStream,
-        valid_stream: TokenStream,
-        cfg: TrainConfig,
-        seed: int,
-        logger: Logger,
-        device: torch.device,
+        self, model: DecoderLM, data: CorpusData, run_cfg: Config, logger: Logger, device: torch.device
     ) -> None:
+        cfg = run_cfg.train
         self.model, self.cfg, self.logger, self.device = model, cfg, logger, device
-        self.sampler = TrainSampler(train_stream, cfg.seq_len, cfg.batch_size, seed)
-        self.valid_stream = valid_stream
-        self.valid_starts = valid_stream.fixed_windows(cfg.seq_len, cfg.val_windows)
+        self.sampler = TrainSampler(
+            data.streams["train"],
+            data.tokenizer,
+            cfg.seq_len,
+            cfg.batch_size,
+            run_cfg.seed,
+            run_cfg.data.needle_rate,
+            run_cfg.eval.needle.key_digits,
+        )
+        self.valid_stream = data.streams["valid"]
+        self.valid_starts = self.valid_stream.fixed_windows(cfg.seq_len, cfg.val_windows)
         self.optimizer = build_optimizer(model, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_multiplier(s, cfg))
         self.dtype = autocast_dtype(cfg.precision, device)

@@ -10,6 +10,7 @@ import numpy as np
 
 from posab.config import DataConfig
 from posab.data.corpora import corpus_identity, load_documents
+from posab.data.passkey import filler_length, passkey_batch
 from posab.data.streams import Batch, TokenStream, cache_key, encode_splits, load_cached, write_cache
 from posab.data.tokenizer import ByteTokenizer
 
@@ -44,14 +45,39 @@ def prepare_data(cfg: DataConfig) -> CorpusData:
 
 
 class TrainSampler:
-    """Random training windows of `seq_len` tokens from one stream, reproducible from its seed."""
+    """Random training windows of `seq_len` tokens, reproducible from its seed.
 
-    def __init__(self, stream: TokenStream, seq_len: int, batch_size: int, seed: int) -> None:
+    A share `needle_rate` of the windows (binomial per batch) are passkey examples of the same length, so
+    the model learns the retrieval format that the needle evaluation asks for.
+    """
+
+    def __init__(
+        self,
+        stream: TokenStream,
+        tokenizer: ByteTokenizer,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        needle_rate: float = 0.0,
+        key_digits: int = 5,
+    ) -> None:
         stream.fixed_windows(seq_len, 1)  # fails clearly when the split cannot hold one window
-        self.stream, self.seq_len, self.batch_size = stream, seq_len, batch_size
+        self.stream, self.tokenizer = stream, tokenizer
+        self.seq_len, self.batch_size, self.needle_rate = seq_len, batch_size, needle_rate
+        self.key_digits = key_digits
         self.rng = np.random.default_rng(seed)
+        if needle_rate > 0:
+            filler_length(
+                tokenizer, seq_len + 1, key_digits
+            )  # fails clearly when the window cannot hold a passkey
 
     def next_batch(self) -> Batch:
+        needles = int(self.rng.binomial(self.batch_size, self.needle_rate)) if self.needle_rate > 0 else 0
         high = len(self.stream) - self.seq_len - 1
-        starts = self.rng.integers(0, high + 1, size=self.batch_size)
-        return self.stream.batch(starts, self.seq_len)
+        starts = self.rng.integers(0, high + 1, size=self.batch_size - needles)
+        batch = self.stream.batch(starts, self.seq_len)
+        if needles:
+            batch = batch.cat(
+                passkey_batch(self.stream, self.tokenizer, needles, self.seq_len, self.rng, self.key_digits)
+            )
+        return batch

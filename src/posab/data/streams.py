@@ -44,6 +44,11 @@ class Batch:
             )
         )
 
+    def cat(self, other: Batch) -> Batch:
+        """Rows of both batches: (B1 + B2, T)."""
+        fields = ("inputs", "targets", "sentence", "paragraph")
+        return Batch(*(torch.cat([getattr(self, f), getattr(other, f)]) for f in fields))
+
     @property
     def num_tokens(self) -> int:
         return self.targets.numel()

@@ -1,0 +1,158 @@
+"""Passkey retrieval (needle in a haystack) over a grid of lengths and depths.
+
+Protocol: for every length L and depth d of the grid (`eval.needle.lengths`, or `eval.lengths`, times
+`eval.needle.depths`), `trials` passkey examples of L + 1 tokens (`posab.data.passkey`): filler from the
+validation split at random starts, a fresh key per trial, all drawn from
+`numpy.random.default_rng([seed, L, depth index])`, so every run and every encoding sees exactly the same
+examples (for a given tokenizer setting). The model reads L tokens, inputs = tokens[:-1], as in training
+and in the perplexity evaluation.
+
+Scoring: one teacher-forced forward pass per example. Greedy decoding of `key_digits` tokens after the
+prompt tokens[:key_start] returns the key exactly iff at every key position the argmax of the
+teacher-forced logits is the key's digit. While greedy decoding has produced the key's first i digits, its
+context is the teacher-forced context at digit i, so its next token is the teacher-forced argmax there.
+Hence if every argmax matches, greedy decoding produces the key (by induction on i); if the first mismatch
+is at digit i, it produces digits 0..i-1 and then that wrong argmax. Ties are broken by `argmax` in both.
+Also reported: the teacher-forced log-probability of the key (natural log, summed over its digits).
+
+Results: `needle/acc` and `needle/logprob` (means over all trials), the same per length (`@L`) and per
+cell (`@L/depth{d}`), and `needle/grid` ({"lengths", "depths", "acc", "logprob"}, acc and logprob as
+[per length][per depth] lists) for tables and `needle_heatmap`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch import Tensor
+from tqdm import tqdm
+
+from posab.data.passkey import (
+    PasskeyExample,
+    check_stream,
+    examples_batch,
+    filler_length,
+    make_passkey_example,
+)
+from posab.data.streams import Batch
+from posab.errors import ConfigError
+from posab.evaluate.context import EvalContext
+
+
+def needle_lengths(ctx: EvalContext) -> list[int]:
+    return list(ctx.cfg.needle.lengths or ctx.cfg.lengths)
+
+
+def depth_label(depth: float) -> str:
+    """`depth0.25`: the depth as the config writes it."""
+    return f"depth{float(depth)}"
+
+
+def check_lengths(ctx: EvalContext, lengths: list[int]) -> None:
+    """Fail before any work when a length cannot hold an example or the split cannot fill one."""
+    key_digits = ctx.cfg.needle.key_digits
+    for length in lengths:
+        try:
+            check_stream(ctx.valid, filler_length(ctx.tokenizer, length + 1, key_digits), length + 1)
+        except ConfigError as err:
+            raise ConfigError(
+                f"needle evaluation at length {length} (examples of {length + 1}): {err}"
+            ) from None
+
+
+def cell_examples(ctx: EvalContext, length: int, depth_index: int) -> list[PasskeyExample]:
+    """The `trials` examples of one grid cell, the same in every run."""
+    n = ctx.cfg.needle
+    rng = np.random.default_rng([n.seed, length, depth_index])
+    depth = n.depths[depth_index]
+    return [
+        make_passkey_example(ctx.valid, ctx.tokenizer, length + 1, depth, rng, n.key_digits)
+        for _ in range(n.trials)
+    ]
+
+
+def score_batch(ctx: EvalContext, batch: Batch, key_digits: int) -> tuple[Tensor, Tensor]:
+    """Teacher-forced scores of examples whose last `key_digits` targets are the key.
+
+    Returns (B,) bool, whether greedy decoding returns the key (every key position's argmax is right), and
+    (B,) float32, the key's log-probability (natural log, summed over its digits); both on the CPU.
+    """
+    logits = ctx.logits(batch.inputs, batch.sentence, batch.paragraph)[:, -key_digits:]  # (B, K, V)
+    key = batch.targets[:, -key_digits:].to(logits.device)  # (B, K)
+    correct = (logits.argmax(dim=-1) == key).all(dim=-1)  # (B,)
+    key_logprobs = logits.log_softmax(dim=-1).gather(-1, key[..., None])  # (B, K, 1)
+    logprob = key_logprobs.squeeze(-1).sum(dim=-1)  # (B, K, 1) -> (B,)
+    return correct.cpu(), logprob.cpu()
+
+
+def score_examples(
+    ctx: EvalContext, examples: list[PasskeyExample], key_digits: int
+) -> tuple[Tensor, Tensor]:
+    """`score_batch` over examples of one length, `ctx.batch_size` of them per forward pass."""
+    size = ctx.batch_size(len(examples[0]) - 1)
+    scores = [
+        score_batch(ctx, examples_batch(examples[i : i + size]), key_digits)
+        for i in range(0, len(examples), size)
+    ]
+    return torch.cat([c for c, _ in scores]), torch.cat([lp for _, lp in scores])
+
+
+def needle_metrics(
+    lengths: list[int], depths: list[float], acc: np.ndarray, logprob: np.ndarray
+) -> dict[str, Any]:
+    """Flat slash-keyed results from the (lengths, depths) cell means (every cell has `trials` trials)."""
+    out: dict[str, Any] = {"needle/acc": float(acc.mean()), "needle/logprob": float(logprob.mean())}
+    for i, length in enumerate(lengths):
+        out[f"needle/acc@{length}"] = float(acc[i].mean())
+        out[f"needle/logprob@{length}"] = float(logprob[i].mean())
+        for j, depth in enumerate(depths):
+            out[f"needle/acc@{length}/{depth_label(depth)}"] = float(acc[i, j])
+            out[f"needle/logprob@{length}/{depth_label(depth)}"] = float(logprob[i, j])
+    out["needle/grid"] = {
+        "lengths": [int(n) for n in lengths],
+        "depths": [float(d) for d in depths],
+        "acc": acc.tolist(),
+        "logprob": logprob.tolist(),
+    }
+    return out
+
+
+def needle_eval(ctx: EvalContext) -> dict[str, Any]:
+    """Passkey accuracy and key log-probability over the lengths x depths grid (see the module docstring)."""
+    n = ctx.cfg.needle
+    lengths = needle_lengths(ctx)
+    check_lengths(ctx, lengths)
+    acc = np.zeros((len(lengths), len(n.depths)))  # (lengths, depths)
+    logprob = np.zeros((len(lengths), len(n.depths)))  # (lengths, depths)
+    cells = [(i, j) for i in range(len(lengths)) for j in range(len(n.depths))]
+    for i, j in tqdm(cells, desc="needle", disable=not ctx.cfg.progress):
+        correct, key_logprob = score_examples(ctx, cell_examples(ctx, lengths[i], j), n.key_digits)
+        acc[i, j] = float(correct.float().mean())
+        logprob[i, j] = float(key_logprob.mean())
+    return needle_metrics(lengths, list(n.depths), acc, logprob)
+
+
+def needle_heatmap(grid: dict[str, Any], path: Path, title: str) -> Path:
+    """Accuracy per cell as a PNG: depth on the y axis, length on the x axis, colour scale 0..1."""
+    lengths, depths = grid["lengths"], grid["depths"]
+    acc = np.asarray(grid["acc"], dtype=np.float64).T  # (lengths, depths) -> (depths, lengths)
+    fig = Figure(figsize=(2.0 + 0.9 * len(lengths), 1.5 + 0.5 * len(depths)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(acc, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    for (row, col), value in np.ndenumerate(acc):
+        ax.text(col, row, f"{value:.2f}", ha="center", va="center", color="white" if value < 0.5 else "black")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    ax.set_xlabel("length (tokens)")
+    ax.set_ylabel("needle depth")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="passkey accuracy")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path

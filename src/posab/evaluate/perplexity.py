@@ -1,0 +1,82 @@
+"""Perplexity at several lengths, per-position loss, and optional sliding-window perplexity.
+
+Protocol: for each length L, the same fixed, non-overlapping windows of L tokens from the validation split
+for every run (`TokenStream.fixed_windows`: evenly spread over the split, max(1, token_budget // L) of
+them unless `windows` is set); each window is scored from its own start (no context carried over);
+perplexity = exp(total loss / total scored tokens). Per-position loss: the mean loss at each position of
+the window over all windows, averaged in `position_bins` equal-width bins.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm import tqdm
+
+from posab.evaluate.context import EvalContext
+
+
+def window_count(ctx: EvalContext, length: int) -> int:
+    p = ctx.cfg.perplexity
+    return p.windows if p.windows is not None else max(1, p.token_budget // length)
+
+
+def token_losses(ctx: EvalContext, starts: np.ndarray, length: int) -> Tensor:
+    """Per-token loss of each window: (N, L) float32 on the CPU."""
+    rows = []
+    for i in range(0, len(starts), ctx.batch_size(length)):
+        batch = ctx.valid.batch(starts[i : i + ctx.batch_size(length)], length)
+        logits = ctx.logits(batch.inputs, batch.sentence, batch.paragraph)  # (B, L, V)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1), batch.targets.flatten().to(logits.device), reduction="none"
+        )
+        rows.append(loss.view(batch.targets.shape).cpu())  # (B*L,) -> (B, L)
+    return torch.cat(rows)
+
+
+def binned(curve: Tensor, bins: int) -> list[float]:
+    """(L,) -> `bins` means over equal-width position ranges (fewer when L < bins)."""
+    edges = np.linspace(0, len(curve), min(bins, len(curve)) + 1).round().astype(int)
+    return [float(curve[a:b].mean()) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def sliding_loss(ctx: EvalContext, length: int, stride: int, span: int) -> float:
+    """Mean loss over the first `span` tokens of the split, each scored with up to `length` tokens of context.
+
+    Windows of `length` tokens advance by `stride`; the first window scores all its tokens, every later one
+    only its last `stride` tokens (tokens already scored are not scored again).
+    """
+    span = min(span, len(ctx.valid) - 1)
+    starts = np.arange(0, max(1, span - length + 1), stride)
+    losses = token_losses(ctx, starts, min(length, span))  # (N, L)
+    total = float(losses[0].sum())
+    count = losses.shape[1]
+    scored_tail = min(stride, losses.shape[1])
+    total += float(losses[1:, -scored_tail:].sum())
+    count += scored_tail * (len(starts) - 1)
+    return total / count
+
+
+def perplexity_eval(ctx: EvalContext) -> dict[str, Any]:
+    p = ctx.cfg.perplexity
+    out: dict[str, Any] = {}
+    for length in tqdm(ctx.cfg.lengths, desc="perplexity", disable=not ctx.cfg.progress):
+        started = time.perf_counter()
+        count = window_count(ctx, length)
+        starts = ctx.valid.fixed_windows(length, count)
+        losses = token_losses(ctx, starts, length)  # (N, L)
+        mean = float(losses.mean())
+        out[f"loss/{length}"] = mean
+        out[f"ppl/{length}"] = math.exp(mean)
+        out[f"ppl_windows/{length}"] = len(starts)
+        out[f"position_loss/{length}"] = binned(losses.mean(dim=0), p.position_bins)
+        if p.stride is not None:
+            out[f"ppl_sliding/{length}"] = math.exp(sliding_loss(ctx, length, p.stride, count * length))
+        out[f"time/ppl@{length}_s"] = round(time.perf_counter() - started, 3)
+    return out
