@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ENCODINGS, run_train
+from conftest import ENCODINGS, ROOT, run_train
 from posab.data.synthetic import SyntheticSpec, generate_corpus, write_text_folder
 
 
@@ -75,3 +77,34 @@ def test_bad_input_gives_one_clear_line(tmp_path: Path, args: list[str], expecte
     assert expected in error_line(proc)
     assert error_line(proc).startswith("error: ")
     assert "Traceback" not in proc.stderr
+
+
+def scalar_eval(results: dict) -> dict:
+    return {k: v for k, v in results.items() if isinstance(v, int | float) and not k.startswith("time/")}
+
+
+def test_reevaluating_a_checkpoint_gives_the_numbers_of_the_run(tmp_path: Path) -> None:
+    proc = run_train(tiny_args(tmp_path, "encoding=hierarchical"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "run"
+    trained = json.loads((run / "results.json").read_text())["eval"]
+    assert {"ppl/128", "needle/acc", "shift/offset64/kl", "shift/prefix16/dloss"} <= set(trained)
+    assert (run / "needle_heatmap.png").stat().st_size > 0
+    script = [str(ROOT / "scripts" / "evaluate.py"), f"run_dir={run}", f"out={tmp_path / 'again'}"]
+    again = subprocess.run([sys.executable, *script], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    reevaluated = json.loads((tmp_path / "again" / "results.json").read_text())["eval"]
+    assert scalar_eval(reevaluated) == pytest.approx(scalar_eval(trained), rel=1e-6, abs=1e-9)
+    longer = subprocess.run(
+        [sys.executable, *script, "eval.lengths=[128,512]"], capture_output=True, text=True
+    )
+    assert longer.returncode == 0, longer.stderr[-2000:]
+    assert '"ppl/512"' in longer.stdout
+
+
+def test_eval_length_longer_than_the_validation_split(tmp_path: Path) -> None:
+    proc = run_train(tiny_args(tmp_path, "eval.lengths=[128,10000000]"))
+    assert proc.returncode == 2
+    line = error_line(proc)
+    assert "[10000000]" in line and "validation split" in line and "tokens" in line
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()  # failed before any training
