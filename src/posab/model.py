@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posab.attention import attention, causal_mask
 from posab.config import ModelConfig
 from posab.encodings import Dims, Encoding, Positions
 
@@ -21,8 +22,7 @@ def attention_mask(bias: Tensor | None, length: int, dtype: torch.dtype) -> Tens
     """Additive float mask (1|B, H, T, T) holding the causal mask and the bias; None when there is no bias."""
     if bias is None:
         return None
-    causal = torch.full((length, length), float("-inf"), device=bias.device).triu(1)  # (T, T)
-    return (bias + causal).to(dtype)
+    return (bias + causal_mask(length, bias.device)).to(dtype)
 
 
 def attention_dtype(x: Tensor) -> torch.dtype:
@@ -44,9 +44,7 @@ class CausalSelfAttention(nn.Module):
         qkv = self.qkv(x).view(b, t, 3, self.n_heads, c // self.n_heads)  # (B, T, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, D)
         q, k = encoding.rotate(q, k, pos)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, H, T, D)
+        y = attention(q, k, v, mask, self.dropout if self.training else 0.0)  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))  # (B, H, T, D) -> (B, T, C)
 
 

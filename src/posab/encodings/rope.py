@@ -12,12 +12,6 @@ from posab.encodings.base import Dims, Encoding, Positions
 from posab.errors import ConfigError
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    """(.., D) -> (.., D): (x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
 class RoPE(Encoding):
     relative_only = True  # up to floating-point rounding of the angles
 
@@ -39,9 +33,9 @@ class RoPE(Encoding):
         size = max(max_position + 1, 2 * self.cos_cached.shape[0])
         positions = torch.arange(size, dtype=torch.float64, device=self.inv_freq.device)
         angles = positions[:, None] * self.inv_freq[None, :]  # (P, R/2)
-        angles = torch.cat([angles, angles], dim=-1)  # (P, R)
-        self.cos_cached = angles.cos().float()
-        self.sin_cached = angles.sin().float()
+        self.cos_cached = torch.cat([angles.cos(), angles.cos()], dim=-1).float()  # (P, R)
+        # the sign of rotate_half is folded into the table: rotate_half(x) * sin == roll(x) * signed_sin
+        self.sin_cached = torch.cat([-angles.sin(), angles.sin()], dim=-1).float()  # (P, R)
 
     def tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions: (T,) non-negative -> cos, sin: (T, R)."""
@@ -58,5 +52,6 @@ class RoPE(Encoding):
         """x: (B, H, T, D); cos, sin: (T, R)."""
         r = self.rotary_dim
         rot, rest = x[..., :r], x[..., r:]
-        rotated = rot * cos.to(x.dtype) + rotate_half(rot) * sin.to(x.dtype)
+        # x * cos + rotate_half(x) * sin, with rotate_half(x) = (-x2, x1) = roll(x) * (-1, +1)
+        rotated = torch.addcmul(rot * cos.to(x.dtype), rot.roll(r // 2, dims=-1), sin.to(x.dtype))
         return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
