@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[dev]"
+	$(BIN)/pip install -e ".[dev,launchers]"
 	touch $@
 
 run: setup

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,21 @@ def tiny_model(encoding: str, *overrides: str, seed: int = 0) -> DecoderLM:
     return build_model(cfg, VOCAB_SIZE).eval()
 
 
+def isolated_env() -> dict[str, str]:
+    """The environment for subprocess runs: W&B offline, its staging and cache folders in a temp folder."""
+    scratch = Path(tempfile.gettempdir()) / "posab-tests-wandb"
+    return {
+        **os.environ,
+        "HYDRA_FULL_ERROR": "0",
+        "WANDB_MODE": "offline",
+        "WANDB_DATA_DIR": str(scratch / "data"),
+        "WANDB_CACHE_DIR": str(scratch / "cache"),
+    }
+
+
 def run_train(args: list[str], cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     """`python train.py ARGS` as a user would run it."""
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "WANDB_MODE": "offline"}
+    env = isolated_env()
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args],
         cwd=cwd,

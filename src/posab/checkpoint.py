@@ -34,7 +34,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for damaged files
-        raise ConfigError(f"checkpoint '{path}' cannot be read (truncated or corrupted?): {err}") from None
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"checkpoint '{path}' cannot be read (truncated or corrupted?): {reason}") from None
 
 
 def config_container(cfg: Config) -> dict[str, Any]:

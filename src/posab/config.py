@@ -71,6 +71,10 @@ class TrainConfig:
     val_windows: int = 32
     log_every: int = 10
     progress: bool = True
+    checkpoint_every: int = 100
+    keep_best: bool = False  # also keep checkpoint_best.pt (lowest validation loss)
+    resume: str = "auto"  # auto: continue from the run directory's checkpoint if it has one | never
+    overwrite: bool = False  # allow reusing the directory of a finished run
 
 
 @dataclass
@@ -112,9 +116,15 @@ class EvalConfig:
 
 @dataclass
 class LoggerConfig:
-    backend: str = "jsonl"  # jsonl | wandb
+    backend: str = "wandb"  # wandb | jsonl (metrics.jsonl in the run directory is written either way)
     project: str = "posab"
-    mode: str = "offline"
+    entity: str | None = None
+    mode: str = (
+        "auto"  # auto: online when a W&B API key is configured, else offline | offline | online | disabled
+    )
+    group: str | None = None  # None: the experiment name (in a multirun: the sweep folder's name)
+    tags: list[str] = field(default_factory=list)
+    log_checkpoint: bool = False  # upload the final checkpoint as a W&B artifact
 
 
 @dataclass
@@ -127,6 +137,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
     experiment: str = "default"
+    threads: int | None = None  # torch threads; None: all cores, shared out among parallel local jobs
 
 
 def load_config(cfg: DictConfig) -> Config:
@@ -162,10 +173,21 @@ def validate(cfg: Config) -> None:
         m.d_model % m.n_heads == 0,
         f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}",
     )
-    for name in ("seq_len", "batch_size", "grad_accum", "steps", "val_every", "val_windows", "log_every"):
+    names = (
+        "seq_len",
+        "batch_size",
+        "grad_accum",
+        "steps",
+        "val_every",
+        "val_windows",
+        "log_every",
+        "checkpoint_every",
+    )
+    for name in names:
         value = getattr(t, name)
         _require(value > 0, f"train.{name}={value} must be a positive integer")
     _require(t.lr > 0, f"train.lr={t.lr} must be positive")
+    _require(t.resume in ("auto", "never"), f"train.resume={t.resume!r}: use auto or never")
     _require(t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be >= 0")
     _require(0 <= t.min_lr_ratio <= 1, f"train.min_lr_ratio={t.min_lr_ratio} must be in [0, 1]")
     precisions = ("auto", "bf16", "fp32")
@@ -177,6 +199,11 @@ def validate(cfg: Config) -> None:
     encoding_class(cfg.encoding)
     _require(0 <= cfg.data.needle_rate <= 1, f"data.needle_rate={cfg.data.needle_rate} must be in [0, 1]")
     validate_eval(cfg.eval)
+    _require(
+        cfg.logger.backend in ("wandb", "jsonl"), f"logger.backend={cfg.logger.backend!r}: use wandb or jsonl"
+    )
+    modes = ("auto", "offline", "online", "disabled")
+    _require(cfg.logger.mode in modes, f"logger.mode={cfg.logger.mode!r}: use one of {', '.join(modes)}")
 
 
 def validate_eval(e: EvalConfig) -> None:

@@ -10,9 +10,14 @@ from typing import Any, Protocol
 
 
 class Logger(Protocol):
-    def log(self, metrics: dict[str, Any], step: int) -> None: ...
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Scalars against the training step."""
 
-    def finish(self, status: str) -> None: ...
+    def log_evaluation(self, results: dict[str, Any], step: int, run_dir: Path) -> None:
+        """Every evaluation result (scalars, curves, grids) and the run's figures in `run_dir`."""
+
+    def finish(self, status: str) -> None:
+        """Close the logger; `status` is finished or failed."""
 
 
 def _plain(value: Any) -> Any:
@@ -35,6 +40,10 @@ class JsonlLogger:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
+    def log_evaluation(self, results: dict[str, Any], step: int, run_dir: Path) -> None:
+        """Scalars only: curves and grids are in results.json."""
+        self.log({k: v for k, v in results.items() if isinstance(v, int | float)}, step)
+
     def finish(self, status: str) -> None:
         self._file.close()
 
@@ -48,6 +57,10 @@ class MultiLogger:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         for logger in self.loggers:
             logger.log(metrics, step)
+
+    def log_evaluation(self, results: dict[str, Any], step: int, run_dir: Path) -> None:
+        for logger in self.loggers:
+            logger.log_evaluation(results, step, run_dir)
 
     def finish(self, status: str) -> None:
         for logger in self.loggers:

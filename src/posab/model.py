@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from posab.attention import attention, causal_mask
 from posab.config import ModelConfig
-from posab.encodings import Dims, Encoding, Positions
+from posab.encodings import Encoding, Positions
 
 
 def attention_mask(bias: Tensor | None, length: int, dtype: torch.dtype) -> Tensor | None:
@@ -94,10 +94,6 @@ class DecoderLM(nn.Module):
                 nn.init.normal_(param, std=0.02 / math.sqrt(2 * self.cfg.n_layers))
             elif param.dim() == 2:
                 nn.init.normal_(param, std=0.02)
-
-    @staticmethod
-    def dims(cfg: ModelConfig) -> Dims:
-        return Dims(d_model=cfg.d_model, n_heads=cfg.n_heads)
 
     def forward(
         self,

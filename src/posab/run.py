@@ -10,7 +10,7 @@ import random
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 from posab.checkpoint import config_container, load_checkpoint, save_checkpoint
 from posab.config import Config, load_config
 from posab.data import TokenStream, prepare_data
-from posab.encodings import build_encoding
-from posab.errors import ConfigError
+from posab.encodings import Dims, build_encoding
+from posab.errors import ConfigError, Preempted
 from posab.evaluate import EvalContext, run_evaluations
 from posab.evaluate.needle import needle_heatmap
 from posab.logging import JsonlLogger, Logger, MultiLogger
 from posab.model import DecoderLM
 from posab.train import Trainer, autocast_dtype, resolve_device
+from posab.wandb_logger import RUN_ID_FILE, WandbLogger
 
 log = logging.getLogger(__name__)
 
@@ -57,53 +58,207 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def max_positions(cfg: Config) -> int:
+    """One more than the largest token position any part of the run will use."""
+    e, train_len = cfg.eval, cfg.train.seq_len
+    longest_shift = max([0, *e.shift.offsets, *e.shift.prefix_lengths]) + train_len if e.shift.enabled else 0
+    return max([train_len, *e.lengths, *(e.needle.lengths or []), longest_shift]) + 1
+
+
 def build_model(cfg: Config, vocab_size: int) -> DecoderLM:
-    encoding = build_encoding(cfg.encoding, DecoderLM.dims(cfg.model))
-    return DecoderLM(cfg.model, vocab_size, encoding)
+    dims = Dims(cfg.model.d_model, cfg.model.n_heads, cfg.train.seq_len, max_positions(cfg))
+    return DecoderLM(cfg.model, vocab_size, build_encoding(cfg.encoding, dims))
 
 
 def encoding_name(cfg: Config) -> str:
     return str(cfg.encoding.get("name") or cfg.encoding["_target_"].rsplit(".", 1)[-1].lower())
 
 
-def build_loggers(run_dir: Path) -> Logger:
-    return MultiLogger([JsonlLogger(run_dir / "metrics.jsonl")])
+@dataclass(frozen=True)
+class JobInfo:
+    """What Hydra knows about the job: filled by train.py, defaults for a plain call."""
+
+    multirun: bool = False
+    override_dirname: str = ""  # e.g. "encoding=alibi,seed=1" in a multirun
+    sweep_name: str | None = None  # the sweep folder's name in a multirun
+    parallel_jobs: int = 1  # jobs the launcher runs at once on this machine
 
 
-def main(raw_cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Train and evaluate one configuration; everything is written into `run_dir`."""
-    cfg = load_config(raw_cfg)
+def run_name(cfg: Config, job: JobInfo) -> str:
+    """`<encoding>-s<seed>`, plus the other swept values in a multirun."""
+    ignored = ("encoding=", "seed=", "experiment=", "+experiment=")
+    swept = job.override_dirname.split(",") if job.multirun else []
+    others = [o for o in swept if o and not o.startswith(ignored)]
+    return "-".join([f"{encoding_name(cfg)}-s{cfg.seed}", *others])
+
+
+def run_group(cfg: Config, job: JobInfo) -> str:
+    if cfg.logger.group:
+        return cfg.logger.group
+    if job.multirun and cfg.experiment == "default" and job.sweep_name:
+        return job.sweep_name
+    return cfg.experiment
+
+
+def build_loggers(cfg: Config, raw_cfg: DictConfig, run_dir: Path, job: JobInfo, resuming: bool) -> Logger:
+    loggers: list[Logger] = [JsonlLogger(run_dir / "metrics.jsonl")]
+    if cfg.logger.backend == "wandb":
+        loggers.append(
+            WandbLogger(
+                cfg.logger,
+                run_config=OmegaConf.to_container(raw_cfg, resolve=True),  # type: ignore[arg-type]
+                run_dir=run_dir,
+                name=run_name(cfg, job),
+                group=run_group(cfg, job),
+                tags=[encoding_name(cfg), corpus_name(cfg), *cfg.logger.tags],
+                job_type="multirun" if job.multirun else "train",
+                resume_id=previous_wandb_id(run_dir) if resuming else None,
+            )
+        )
+    return MultiLogger(loggers)
+
+
+def previous_wandb_id(run_dir: Path) -> str | None:
+    path = run_dir / RUN_ID_FILE
+    return path.read_text().strip() if path.is_file() else None
+
+
+def corpus_name(cfg: Config) -> str:
+    d = cfg.data
+    if d.source == "text":
+        return Path(d.path or "text").name
+    return d.hub_subset or d.hub_dataset or "hub" if d.source == "hub" else "synthetic"
+
+
+CHECKPOINTS = {"latest": "checkpoint.pt", "best": "checkpoint_best.pt"}
+RESUME_KEYS = (
+    "model",
+    "encoding",
+    "seed",
+    "data.source",
+    "data.anchors",
+    "data.synthetic",
+    "train.seq_len",
+    "train.batch_size",
+    "train.grad_accum",
+)
+
+
+def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict[str, Any]:
+    """Train and evaluate one configuration; everything is written into `run_dir`.
+
+    results.json records the status from the start: `running`, then `finished`, `preempted`, or `failed`
+    with the error (a bad config included), so that a report over a sweep lists every job. Rerunning the
+    command of a crashed or pre-empted run continues it from its checkpoint (`train.resume=auto`).
+    """
+    job = job or JobInfo()
+    refuse_finished_run(raw_cfg, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw_cfg, resolve=True))
     started = time.time()
     results: dict[str, Any] = {
         "status": "running",
+        "git_commit": git_commit(),
+        "overrides": job.override_dirname,
+    }
+    logger: Logger | None = None
+    try:
+        cfg = load_config(raw_cfg)
+        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // job.parallel_jobs))
+        resume = resume_state(cfg, run_dir)
+        results.update(run_header(cfg), resumed_from_step=resume["step"] if resume else None)
+        write_json(run_dir / "results.json", results)
+        logger = build_loggers(cfg, raw_cfg, run_dir, job, resuming=resume is not None)
+        results.update(_train(cfg, run_dir, logger, resume))
+        results["status"] = "finished"
+    except BaseException as err:
+        results["status"] = "preempted" if isinstance(err, Preempted) else "failed"
+        results["error"] = f"{type(err).__name__}: {err}"
+        raise
+    finally:
+        results["wall_time_s"] = round(time.time() - started, 2)
+        write_json(run_dir / "results.json", results)
+        if logger is not None:
+            logger.finish(results["status"])
+    return results
+
+
+def refuse_finished_run(raw_cfg: DictConfig, run_dir: Path) -> None:
+    """A finished run's directory is not reused unless `train.overwrite=true`."""
+    previous = run_dir / "results.json"
+    if not previous.is_file() or OmegaConf.select(raw_cfg, "train.overwrite", default=False) is True:
+        return
+    if json.loads(previous.read_text()).get("status") == "finished":
+        raise ConfigError(
+            f"'{run_dir}' holds a finished run; pass train.overwrite=true to replace it, "
+            "or choose another hydra.run.dir"
+        )
+
+
+def resume_state(cfg: Config, run_dir: Path) -> dict[str, Any] | None:
+    """The checkpoint to continue from (train.resume=auto and one exists), after a compatibility check.
+
+    metrics.jsonl is cut back to the checkpoint's step, so the resumed run's log has no duplicate steps.
+    """
+    path = run_dir / CHECKPOINTS["latest"]
+    if cfg.train.resume == "never" or not path.is_file():
+        return None
+    state = load_checkpoint(path)
+    check_compatible(state.get("config", {}), config_container(cfg), path, RESUME_KEYS)
+    truncate_metrics(run_dir / "metrics.jsonl", state["step"])
+    log.info("resuming from %s at step %d", path, state["step"])
+    return state
+
+
+def check_compatible(
+    saved: dict[str, Any], current: dict[str, Any], path: Path, keys: tuple[str, ...]
+) -> None:
+    """ConfigError listing every field under `keys` where the checkpoint's config differs from this one."""
+    saved_flat, current_flat = flatten(saved), flatten(current)
+    fields = sorted(k for k in saved_flat.keys() | current_flat.keys() if k.startswith(keys))
+    differ = [f for f in fields if saved_flat.get(f) != current_flat.get(f)]
+    if differ:
+        details = "; ".join(
+            f"{f}: {saved_flat.get(f)!r} in the checkpoint, {current_flat.get(f)!r} now" for f in differ
+        )
+        raise ConfigError(f"checkpoint '{path}' comes from an incompatible config: {details}")
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep the lines of metrics.jsonl up to `step` (atomically)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def run_header(cfg: Config) -> dict[str, Any]:
+    return {
         "encoding": encoding_name(cfg),
         "seed": cfg.seed,
         "experiment": cfg.experiment,
-        "git_commit": git_commit(),
         "machine": {
             "platform": platform.platform(),
-            "processor": platform.processor(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
         },
     }
-    write_json(run_dir / "results.json", results)
-    logger = build_loggers(run_dir)
-    status = "failed"
-    try:
-        results.update(_train(cfg, run_dir, logger))
-        status = "finished"
-    except Exception as err:
-        results["error"] = f"{type(err).__name__}: {err}"
-        raise
-    finally:
-        results["status"] = status
-        results["wall_time_s"] = round(time.time() - started, 2)
-        write_json(run_dir / "results.json", results)
-        logger.finish(status)
-    return results
 
 
 def check_eval_lengths(cfg: Config, valid: TokenStream) -> None:
@@ -117,16 +272,21 @@ def check_eval_lengths(cfg: Config, valid: TokenStream) -> None:
         )
 
 
-def _train(cfg: Config, run_dir: Path, logger: Logger) -> dict[str, Any]:
+def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | None) -> dict[str, Any]:
     seed_everything(cfg.seed)
     device = resolve_device(cfg.train.device)
     data = prepare_data(cfg.data)
     check_eval_lengths(cfg, data.streams["valid"])
     model = build_model(cfg, data.vocab_size).to(device)
-    trainer = Trainer(model, data, cfg, logger, device)
+    config = config_container(cfg)
+
+    def checkpoint(state: dict[str, Any], kind: str) -> None:
+        save_checkpoint(run_dir / CHECKPOINTS[kind], {**state, "config": config})
+
+    trainer = Trainer(model, data, cfg, logger, device, checkpoint)
+    if resume is not None:
+        trainer.load_state_dict(resume)
     result = trainer.fit()
-    state = {"model": model.state_dict(), "config": config_container(cfg), "step": result.steps}
-    save_checkpoint(run_dir / "checkpoint.pt", state)
     summary = {
         "train": asdict(result),
         "train_loss": result.train_loss,
@@ -147,9 +307,9 @@ def _train(cfg: Config, run_dir: Path, logger: Logger) -> dict[str, Any]:
 def evaluate(ctx: EvalContext, run_dir: Path, logger: Logger, step: int, title: str) -> dict[str, Any]:
     """Run the evaluators, log their scalars, draw the needle heatmap; returns every result."""
     results = run_evaluations(ctx)
-    logger.log({k: v for k, v in results.items() if isinstance(v, int | float)}, step)
     if "needle/grid" in results:
         needle_heatmap(results["needle/grid"], run_dir / "needle_heatmap.png", title)
+    logger.log_evaluation(results, step, run_dir)
     return results
 
 
@@ -169,7 +329,10 @@ def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path | None = None)
     data = prepare_data(cfg.data)
     check_eval_lengths(cfg, data.streams["valid"])
     model = build_model(cfg, data.vocab_size)
-    model.load_state_dict(load_checkpoint(run_dir / "checkpoint.pt")["model"])
+    path = run_dir / CHECKPOINTS["latest"]
+    state = load_checkpoint(path)
+    check_compatible(state.get("config", {}), config_container(cfg), path, ("model", "encoding"))
+    model.load_state_dict(state["model"])
     model.to(device)
     dtype = autocast_dtype(cfg.train.precision, device)
     ctx = EvalContext(

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
+import signal
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,7 +19,7 @@ from tqdm import tqdm
 
 from posab.config import Config, TrainConfig
 from posab.data import Batch, CorpusData, TokenStream, TrainSampler
-from posab.errors import ConfigError
+from posab.errors import ConfigError, Preempted, TrainingError
 from posab.logging import Logger
 from posab.model import DecoderLM
 
@@ -110,12 +113,74 @@ def validation_loss(
     return total / count
 
 
+@dataclass
+class Progress:
+    """Where training stands; saved in checkpoints so that a resumed run continues exactly."""
+
+    step: int = 0
+    train_time_s: float = 0.0
+    recent_losses: list[float] = field(default_factory=list)
+    val_loss: float = float("nan")
+    best_val_loss: float = float("inf")
+
+
+def rng_states() -> dict[str, Any]:
+    """torch, numpy and python RNG states as plain containers."""
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = numpy_state["state"]["key"].tolist()
+    return {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": list(random.getstate()[1])}
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    numpy_state = dict(states["numpy"])
+    numpy_state["state"] = {**numpy_state["state"], "key": np.asarray(numpy_state["state"]["key"], np.uint32)}
+    np.random.set_state(numpy_state)
+    random.setstate((3, tuple(states["python"]), None))
+
+
+class StopSignal:
+    """Records SIGTERM / SIGINT during training instead of dying mid-step (pre-emption)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignal:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._record)
+            except ValueError:  # not the main thread (e.g. a thread-based launcher): no handler
+                pass
+        return self
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.received = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 class Trainer:
     def __init__(
-        self, model: DecoderLM, data: CorpusData, run_cfg: Config, logger: Logger, device: torch.device
+        self,
+        model: DecoderLM,
+        data: CorpusData,
+        run_cfg: Config,
+        logger: Logger,
+        device: torch.device,
+        checkpoint: Callable[[dict[str, Any], str], None],
     ) -> None:
+        """`checkpoint(state, kind)` stores a state (`kind`: latest or best)."""
         cfg = run_cfg.train
-        self.model, self.cfg, self.logger, self.device = model, cfg, logger, device
+        self.model, self.cfg, self.logger, self.device, self.checkpoint = (
+            model,
+            cfg,
+            logger,
+            device,
+            checkpoint,
+        )
         self.sampler = TrainSampler(
             data.streams["train"],
             data.tokenizer,
@@ -130,6 +195,26 @@ class Trainer:
         self.optimizer = build_optimizer(model, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_multiplier(s, cfg))
         self.dtype = autocast_dtype(cfg.precision, device)
+        self.progress = Progress()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_states(),
+            "progress": asdict(self.progress),
+            "step": self.progress.step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_states(state["rng"])
+        self.progress = Progress(**state["progress"])
 
     def validate(self) -> float:
         return validation_loss(
@@ -152,46 +237,83 @@ class Trainer:
                 loss = lm_loss(self.model, batch) / self.cfg.grad_accum
             loss.backward()
             total += float(loss.detach())
+        if not math.isfinite(total):
+            saved = self.last_saved_step()
+            kept = f"the checkpoint of step {saved} is intact" if saved else "no checkpoint was saved yet"
+            raise TrainingError(
+                f"loss is {total} at step {self.progress.step + 1}; "
+                f"stopped before updating the weights ({kept})"
+            )
         grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
         self.optimizer.step()
         self.scheduler.step()
         return total, grad_norm
 
+    def last_saved_step(self) -> int:
+        every = self.cfg.checkpoint_every
+        return self.progress.step // every * every
+
     def fit(self) -> TrainResult:
-        cfg = self.cfg
+        cfg, progress = self.cfg, self.progress
         self.model.train()
         tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len
-        train_time, recent, val_loss = 0.0, [], float("nan")
-        bar = tqdm(range(cfg.steps), desc="train", disable=not cfg.progress, dynamic_ncols=True)
-        for step in bar:
-            lr = self.scheduler.get_last_lr()[0]
-            started = time.perf_counter()
-            loss, grad_norm = self.step()
-            elapsed = time.perf_counter() - started
-            train_time += elapsed
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss} at step {step + 1}")
-            recent = (recent + [loss])[-cfg.log_every :]
-            done = step + 1
-            if done % cfg.log_every == 0 or done == cfg.steps:
-                metrics = {
-                    "train/loss": float(np.mean(recent)),
-                    "train/lr": lr,
-                    "train/grad_norm": grad_norm,
-                    "train/tokens_per_s": tokens_per_step / elapsed,
-                }
-                self.logger.log(metrics, done)
-                bar.set_postfix(
-                    loss=f"{metrics['train/loss']:.3f}", tok_s=f"{done * tokens_per_step / train_time:.0f}"
-                )
-            if done % cfg.val_every == 0 or done == cfg.steps:
-                val_loss = self.validate()
-                self.logger.log({"val/loss": val_loss}, done)
+        bar = tqdm(
+            range(progress.step, cfg.steps),
+            initial=progress.step,
+            total=cfg.steps,
+            desc="train",
+            disable=not cfg.progress,
+            dynamic_ncols=True,
+        )
+        with StopSignal() as stop:
+            for _ in bar:
+                lr = self.scheduler.get_last_lr()[0]
+                started = time.perf_counter()
+                loss, grad_norm = self.step()
+                elapsed = time.perf_counter() - started
+                progress.step += 1
+                progress.train_time_s += elapsed
+                progress.recent_losses = (progress.recent_losses + [loss])[-cfg.log_every :]
+                self._log_step(lr, grad_norm, tokens_per_step / elapsed, bar)
+                self._after_step(stop)
         return TrainResult(
-            train_loss=float(np.mean(recent)),
-            val_loss=val_loss,
-            tokens_per_s=cfg.steps * tokens_per_step / train_time,
+            train_loss=float(np.mean(progress.recent_losses)),
+            val_loss=progress.val_loss,
+            tokens_per_s=cfg.steps * tokens_per_step / progress.train_time_s,
             steps=cfg.steps,
             tokens=cfg.steps * tokens_per_step,
-            train_time_s=train_time,
+            train_time_s=progress.train_time_s,
         )
+
+    def _log_step(self, lr: float, grad_norm: float, tokens_per_s: float, bar: tqdm) -> None:
+        done = self.progress.step
+        if done % self.cfg.log_every and done != self.cfg.steps:
+            return
+        loss = float(np.mean(self.progress.recent_losses))
+        metrics = {
+            "train/loss": loss,
+            "train/lr": lr,
+            "train/grad_norm": grad_norm,
+            "train/tokens_per_s": tokens_per_s,
+        }
+        self.logger.log(metrics, done)
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}")
+
+    def _after_step(self, stop: StopSignal) -> None:
+        """Validation, checkpoints, and a clean stop on SIGTERM / SIGINT."""
+        progress, cfg = self.progress, self.cfg
+        done, last = progress.step, progress.step == cfg.steps
+        improved = False
+        if done % cfg.val_every == 0 or last:
+            progress.val_loss = self.validate()
+            improved = progress.val_loss < progress.best_val_loss
+            progress.best_val_loss = min(progress.best_val_loss, progress.val_loss)
+            self.logger.log({"val/loss": progress.val_loss}, done)
+        if done % cfg.checkpoint_every == 0 or last or stop.received is not None:
+            self.checkpoint(self.state_dict(), "latest")
+        if improved and cfg.keep_best:
+            self.checkpoint(self.state_dict(), "best")
+        if stop.received is not None and not last:
+            raise Preempted(
+                f"signal {stop.received} at step {done}: checkpoint saved; rerun the same command to resume"
+            )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +71,13 @@ class TrainSampler:
             filler_length(
                 tokenizer, seq_len + 1, key_digits
             )  # fails clearly when the window cannot hold a passkey
+
+    def state_dict(self) -> dict[str, Any]:
+        """The random generator's state, as plain containers (resumable, `weights_only`-loadable)."""
+        return self.rng.bit_generator.state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state
 
     def next_batch(self) -> Batch:
         needles = int(self.rng.binomial(self.batch_size, self.needle_rate)) if self.needle_rate > 0 else 0

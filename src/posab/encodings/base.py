@@ -19,6 +19,10 @@ class Dims:
 
     d_model: int
     n_heads: int
+    train_len: int = 512  # the training length
+    max_positions: int = (
+        8192  # the largest position + 1 the run will use (evaluation and shift offsets included)
+    )
 
     @property
     def head_dim(self) -> int:

@@ -1,0 +1,211 @@
+"""Formula checks for the learned, T5, FIRE and KERPLE encodings, and their YAML configs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import typed_config
+from posab.data.tokenizer import VOCAB_SIZE
+from posab.encodings import Dims, Positions
+from posab.encodings.fire import FIRE
+from posab.encodings.kerple import Kerple, inverse_softplus
+from posab.encodings.learned import Learned
+from posab.encodings.t5 import T5Bias, t5_buckets
+from posab.errors import ConfigError
+from posab.run import build_model
+
+NEW = {"learned": Learned, "t5": T5Bias, "fire": FIRE, "kerple": Kerple}
+
+
+# num_buckets=32, max_distance=128: e = 16 exact buckets; for n >= 16,
+# bucket = 16 + floor(16 * ln(n / 16) / ln 8), capped at 31.
+T5_CASES = [
+    *[(n, n) for n in range(16)],  # exact
+    (-5, 0),  # future distance: bucket 0
+    (16, 16),  # 16 * ln 1 / ln 8 = 0
+    (20, 17),  # 16 * ln 1.25 / ln 8 = 1.72
+    (32, 21),  # 16 * ln 2 / ln 8 = 5.33
+    (63, 26),  # 16 * ln 3.9375 / ln 8 = 10.55
+    (64, 26),  # 16 * ln 4 / ln 8 = 10.67
+    (112, 30),  # 16 * ln 7 / ln 8 = 14.97
+    (113, 31),  # 16 * ln 7.0625 / ln 8 = 15.01
+    (127, 31),  # 16 * ln 7.9375 / ln 8 = 15.94
+    (128, 31),  # 16 * ln 8 / ln 8 = 16 -> 32, capped at 31
+    (1000, 31),  # beyond max_distance: the last bucket
+]
+
+
+def test_t5_buckets_hand_computed() -> None:
+    d = torch.tensor([n for n, _ in T5_CASES], dtype=torch.float32)
+    assert t5_buckets(d, 32, 128).tolist() == [b for _, b in T5_CASES]
+
+
+def reference_bucket(n: int, num_buckets: int, max_distance: int) -> int:
+    """The T5 code's `_relative_position_bucket(bidirectional=False)` for one i - j, in plain Python."""
+    n, exact = max(n, 0), num_buckets // 2
+    if n < exact:
+        return n
+    large = exact + int(math.log(n / exact) / math.log(max_distance / exact) * (num_buckets - exact))
+    return min(large, num_buckets - 1)
+
+
+@pytest.mark.parametrize(("num_buckets", "max_distance"), [(32, 128), (16, 64), (7, 50)])
+def test_t5_buckets_match_the_reference_and_use_every_bucket(num_buckets: int, max_distance: int) -> None:
+    d = torch.arange(-20, 3000)
+    got = t5_buckets(d.float(), num_buckets, max_distance).tolist()
+    assert got == [reference_bucket(n, num_buckets, max_distance) for n in d.tolist()]
+    assert set(got) == set(range(num_buckets))
+
+
+def test_t5_bias_reads_the_table_at_the_bucket_of_i_minus_j() -> None:
+    torch.manual_seed(0)
+    enc = T5Bias(Dims(d_model=32, n_heads=4), num_buckets=8, max_distance=20)
+    bias = enc.bias(Positions.build(40))[0]  # (H, L, L)
+    for i, j in [(0, 0), (5, 1), (39, 0), (30, 27), (3, 9)]:
+        bucket = reference_bucket(i - j, 8, 20)
+        torch.testing.assert_close(bias[:, i, j], enc.table[bucket], rtol=0, atol=0)
+
+
+def test_kerple_bias_hand_computed() -> None:
+    enc = Kerple(Dims(d_model=32, n_heads=2))
+    with torch.no_grad():
+        enc.raw_p.copy_(inverse_softplus(torch.tensor([1.0, 2.0])))
+        enc.raw_a.copy_(inverse_softplus(torch.tensor([0.5, 1.0])))
+    bias = enc.bias(Positions.build(8, offset=100))[0]  # (H, L, L)
+    expected = {  # (i, j): [-p_0 ln(1 + a_0 (i - j)), -p_1 ln(1 + a_1 (i - j))]
+        (0, 0): [0.0, 0.0],
+        (5, 2): [-math.log(2.5), -2 * math.log(4.0)],  # d = 3: ln(1 + 1.5), 2 ln(1 + 3)
+        (7, 0): [-math.log(4.5), -2 * math.log(8.0)],  # d = 7: ln(1 + 3.5), 2 ln(1 + 7)
+        (1, 6): [0.0, 0.0],  # future: distance clamped to 0
+    }
+    for (i, j), values in expected.items():
+        torch.testing.assert_close(bias[:, i, j], torch.tensor(values), rtol=1e-6, atol=1e-6)
+
+
+def test_kerple_starts_positive_as_in_the_paper() -> None:
+    torch.manual_seed(0)
+    enc = Kerple(Dims(d_model=64, n_heads=16))
+    assert ((enc.p >= 0.0099) & (enc.p < 2)).all() and ((enc.a >= 0.0099) & (enc.a < 1)).all()
+
+
+def fire_module(train_len: int = 16) -> FIRE:
+    torch.manual_seed(0)
+    enc = FIRE(Dims(d_model=32, n_heads=4, train_len=train_len), hidden=32, init_c=0.5)
+    with torch.no_grad():
+        enc.log_scale.fill_(0.3)  # L_thr = 16 e^0.3 = 21.6: rows on both sides of the threshold
+    return enc
+
+
+@pytest.mark.parametrize("offset", [0, 7, 500])
+def test_fire_bias_is_the_formula(offset: int) -> None:
+    enc = fire_module()
+    bias = enc.bias(Positions.build(40, offset=offset))[0]  # (H, L, L)
+    c, threshold = enc.c.item(), enc.threshold.item()
+    for r, k in [(0, 0), (10, 3), (20, 0), (25, 24), (39, 0), (39, 17)]:
+        i, j = offset + r, offset + k  # absolute positions
+        x = math.log(1 + c * (i - j)) / math.log(1 + c * max(i, threshold))
+        with torch.no_grad():
+            direct = enc.mlp(torch.tensor([[x]]))[0]  # (H,)
+        torch.testing.assert_close(bias[:, r, k], direct, rtol=1e-5, atol=1e-5)
+
+
+def test_fire_piecewise_linear_equals_the_mlp_on_all_pairs_with_gradients() -> None:
+    enc = fire_module()
+    pos = Positions.build(50, offset=3)
+    weights = torch.randn(1, 4, 50, 50).tril()  # a loss on the visible pairs
+    fast = enc.bias(pos)
+    (fast * weights).sum().backward()
+    fast_grads = [p.grad.clone() for p in enc.parameters()]
+    enc.zero_grad()
+    slow = enc.mlp(enc.inputs(pos)[..., None]).permute(2, 0, 1)[None]  # (L, L, H) -> (1, H, L, L)
+    (slow * weights).sum().backward()
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    for (name, p), g in zip(enc.named_parameters(), fast_grads, strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert all(g.abs().sum() > 0 for g in fast_grads)
+
+
+def test_fire_depends_on_the_offset_past_the_threshold_only() -> None:
+    enc = fire_module()
+    at = {k: enc.bias(Positions.build(20, offset=k)) for k in (0, 1, 100)}
+    torch.testing.assert_close(at[0], at[1])  # every query below L_thr = 21.6: the normaliser is fixed
+    assert (at[0] - at[100]).abs().max() > 1e-3
+    assert not FIRE.relative_only
+
+
+def tiny_learned(*overrides: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(typed_config(["+experiment=tiny", "encoding=learned", *overrides]), VOCAB_SIZE)
+
+
+def test_learned_rows_past_the_training_length_get_no_gradient() -> None:
+    model = tiny_learned()
+    train_len, rows = model.encoding.dims.train_len, model.encoding.num_rows
+    assert rows == 257 > train_len == 128  # tiny: eval lengths up to 256
+    tokens = torch.randint(0, VOCAB_SIZE, (2, train_len))
+    logits = model(tokens)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.roll(-1, 1).flatten()).backward()
+    grad = model.encoding.weight.grad
+    assert (grad[train_len:] == 0).all() and (grad[:train_len].abs().sum(-1) > 0).all()
+
+
+def test_learned_position_beyond_the_table_is_a_config_error() -> None:
+    enc = Learned(Dims(d_model=8, n_heads=2, train_len=4, max_positions=16))
+    x = torch.zeros(1, 6, 8)
+    assert enc.embed(x, Positions.build(6, offset=10)).shape == (1, 6, 8)  # positions 10..15: fine
+    with pytest.raises(ConfigError, match="position 16 .* 16 rows"):
+        enc.embed(x, Positions.build(6, offset=11))
+
+
+@pytest.mark.parametrize(("saved_rows", "rows"), [(16, 64), (64, 16)])
+def test_learned_loads_a_table_with_another_number_of_rows(saved_rows: int, rows: int) -> None:
+    torch.manual_seed(0)
+    saved = Learned(Dims(d_model=8, n_heads=2, train_len=8, max_positions=saved_rows))
+    enc = Learned(Dims(d_model=8, n_heads=2, train_len=8, max_positions=rows))
+    before = enc.weight.detach().clone()
+    enc.load_state_dict(saved.state_dict())
+    kept = min(saved_rows, rows)
+    assert enc.weight.shape == (rows, 8)
+    torch.testing.assert_close(enc.weight[:kept], saved.weight[:kept], rtol=0, atol=0)
+    torch.testing.assert_close(enc.weight[kept:], before[kept:], rtol=0, atol=0)
+
+
+def test_learned_checkpoint_reevaluated_at_a_longer_length() -> None:
+    short, long = tiny_learned(), tiny_learned("eval.lengths=[128,1024]")
+    long.load_state_dict(short.state_dict())  # 257 saved rows into 1025
+    torch.testing.assert_close(long.encoding.weight[:257], short.encoding.weight, rtol=0, atol=0)
+    with torch.no_grad():
+        assert long.eval()(torch.randint(0, VOCAB_SIZE, (1, 1024))).shape == (1, 1024, VOCAB_SIZE)
+
+
+@pytest.mark.parametrize("name", sorted(NEW))
+def test_builds_from_its_yaml_and_trains(name: str) -> None:
+    cfg = typed_config(["+experiment=tiny", f"encoding={name}"])
+    torch.manual_seed(0)
+    model = build_model(cfg, VOCAB_SIZE)
+    assert type(model.encoding) is NEW[name] and cfg.encoding["name"] == name
+    if name == "fire":
+        assert model.encoding.threshold.item() == cfg.train.seq_len and model.encoding.c.item() == 1.0
+    tokens = torch.randint(0, VOCAB_SIZE, (2, 32))
+    model(tokens).logsumexp(-1).mean().backward()  # through the flash-kernel attention with a bias
+    for param_name, p in model.encoding.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, param_name
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("encoding=t5 encoding.max_distance=16", "max_distance=16"),
+        ("encoding=t5 encoding.num_buckets=1", "num_buckets=1"),
+        ("encoding=fire encoding.hidden=0", "hidden=0"),
+        ("encoding=fire encoding.init_c=0", "init_c=0"),
+        ("encoding=learned encoding.init_std=-1", "init_std=-1"),
+        ("encoding=kerple +encoding.slopes=1", "no setting slopes"),
+    ],
+)
+def test_bad_settings_name_the_value(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_model(typed_config(["+experiment=tiny", *override.split()]), VOCAB_SIZE)

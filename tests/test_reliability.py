@@ -1,0 +1,151 @@
+"""Checkpoints, exact resume, pre-emption, NaN handling and refusing to overwrite finished runs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, isolated_env, run_train
+
+RESUMABLE = ["train.steps=30", "train.batch_size=16", "train.checkpoint_every=5", "train.val_every=5",
+             "train.log_every=1", "logger=jsonl"]  # fmt: skip
+
+
+def args_for(run: Path, cache: Path, *more: str) -> list[str]:
+    return ["+experiment=tiny", "encoding=multiscale", f"hydra.run.dir={run}", f"data.cache_dir={cache}",
+            *RESUMABLE, *more]  # fmt: skip
+
+
+def start_train(args: list[str]) -> subprocess.Popen[str]:
+    env = isolated_env()
+    cmd = [sys.executable, str(ROOT / "train.py"), *args]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for_step(run: Path, step: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Poll metrics.jsonl until a line with `step` appears."""
+    metrics, deadline = run / "metrics.jsonl", time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and any(
+            json.loads(x)["step"] >= step for x in metrics.read_text().splitlines() if x
+        ):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"step {step} not reached (exit code {proc.poll()})")
+
+
+def curve(run: Path) -> list[tuple[int, str, float]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], k, v) for r in rows for k, v in r.items() if k in ("train/loss", "val/loss")]
+
+
+def evaluation(run: Path) -> dict[str, object]:
+    results = json.loads((run / "results.json").read_text())
+    return {k: v for k, v in results["eval"].items() if not k.startswith("time/")}
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    state_a = torch.load(a / "checkpoint.pt", weights_only=True)["model"]
+    state_b = torch.load(b / "checkpoint.pt", weights_only=True)["model"]
+    assert state_a.keys() == state_b.keys()
+    for name in state_a:
+        assert torch.equal(state_a[name], state_b[name]), name  # bit for bit
+    assert curve(a) == curve(b)
+    assert evaluation(a) == evaluation(b)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("reliability")
+    proc = run_train(args_for(root / "reference", root / "cache"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return root / "reference", root / "cache"
+
+
+def test_resume_after_sigkill_is_exact(uninterrupted: tuple[Path, Path], tmp_path: Path) -> None:
+    reference, cache = uninterrupted
+    run = tmp_path / "killed"
+    proc = start_train(args_for(run, cache))
+    wait_for_step(run, 12, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert json.loads((run / "results.json").read_text())["status"] == "running"  # died mid-run
+    again = run_train(args_for(run, cache))
+    assert again.returncode == 0, again.stderr[-2000:]
+    results = json.loads((run / "results.json").read_text())
+    assert results["status"] == "finished" and results["resumed_from_step"] >= 10
+    assert_same_run(reference, run)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_with_its_own_code(
+    uninterrupted: tuple[Path, Path], tmp_path: Path
+) -> None:
+    reference, cache = uninterrupted
+    run = tmp_path / "preempted"
+    proc = start_train(args_for(run, cache))
+    wait_for_step(run, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 3, proc.stderr.read() if proc.stderr else ""
+    results = json.loads((run / "results.json").read_text())
+    assert results["status"] == "preempted"
+    saved_step = torch.load(run / "checkpoint.pt", weights_only=True)["step"]
+    assert 3 <= saved_step < 30
+    again = run_train(args_for(run, cache))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads((run / "results.json").read_text())["resumed_from_step"] == saved_step
+    assert_same_run(reference, run)
+
+
+def test_nan_loss_stops_at_once_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
+    args = args_for(tmp_path / "run", tmp_path / "cache", "train.lr=1e30", "train.warmup_steps=0",
+                    "train.grad_clip=1e30", "train.checkpoint_every=1", "train.precision=fp32")  # fmt: skip
+    proc = run_train(args)
+    assert proc.returncode == 1
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: loss is nan at step ") and "checkpoint of step" in line
+    nan_step = int(line.split("at step ")[1].split(";")[0])
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "failed" and "TrainingError" in results["error"]
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert state["step"] == nan_step - 1
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_a_finished_run_is_not_overwritten(uninterrupted: tuple[Path, Path]) -> None:
+    reference, cache = uninterrupted
+    before = (reference / "results.json").read_text()
+    proc = run_train(args_for(reference, cache))
+    assert proc.returncode == 2
+    assert "holds a finished run; pass train.overwrite=true" in proc.stderr
+    assert (reference / "results.json").read_text() == before
+
+
+def test_a_corrupted_checkpoint_is_named(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    proc = run_train(args_for(run, tmp_path / "cache"))
+    assert proc.returncode == 2
+    assert f"checkpoint '{run / 'checkpoint.pt'}' cannot be read" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_an_incompatible_checkpoint_names_the_fields(
+    uninterrupted: tuple[Path, Path], tmp_path: Path
+) -> None:
+    reference, cache = uninterrupted
+    run = tmp_path / "crashed"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes((reference / "checkpoint.pt").read_bytes())
+    proc = run_train(args_for(run, cache, "model.d_model=64"))
+    assert proc.returncode == 2
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "incompatible config" in line and "model.d_model: 32 in the checkpoint, 64 now" in line

@@ -1,0 +1,182 @@
+"""scripts/report.py over a real tiny sweep (alibi, nope × seeds 0, 1) plus one failed job."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_train
+from posab.report import RunRecord, group_rows, main, study_table
+
+FAILED_RUN = "0_encoding=alibi,train.lr=-1"
+FAILED_ERROR = "ConfigError: train.lr=-1.0 must be positive"
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """runs/sweep: 4 finished runs; runs/failed: one job that the config validation rejects."""
+    root = tmp_path_factory.mktemp("report")
+    common = ["-m", "+experiment=tiny", "logger=jsonl", f"data.cache_dir={root / 'cache'}"]
+    sweep = run_train([*common, "encoding=alibi,nope", "seed=0,1", f"hydra.sweep.dir={root / 'runs/sweep'}"])
+    assert sweep.returncode == 0, sweep.stderr[-2000:]
+    run_train([*common, "encoding=alibi", "train.lr=-1", f"hydra.sweep.dir={root / 'runs/failed'}"])
+    failed = json.loads((root / "runs/failed" / FAILED_RUN / "results.json").read_text())
+    assert failed["status"] == "failed"
+    return root / "runs"
+
+
+@pytest.fixture(scope="module")
+def report_dir(runs_dir: Path) -> Path:
+    """The report over every run, written by the script as a user runs it."""
+    out = runs_dir.parent / "report"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/report.py"), str(runs_dir), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def finished_results(runs_dir: Path, encoding: str) -> list[dict]:
+    results = [json.loads(p.read_text()) for p in sorted((runs_dir / "sweep").glob("*/results.json"))]
+    return [r for r in results if r["encoding"] == encoding and r["status"] == "finished"]
+
+
+def table(report_md: str, study: str) -> dict[str, dict[str, str]]:
+    """The rows of one study's table: {label: {column header: cell}}."""
+    lines = report_md.split(f"## Study `{study}`\n\n", 1)[1].splitlines()
+    rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in lines[: lines.index("")]]
+    header, body = rows[0], rows[2:]
+    return {cells[0]: dict(zip(header, cells, strict=True)) for cells in body}
+
+
+def mean_std(values: list[float], fmt: str) -> str:
+    return f"{np.mean(values):{fmt}} ± {np.std(values, ddof=1):{fmt}}"
+
+
+def test_table_has_one_row_per_encoding_with_two_seeds(report_dir: Path) -> None:
+    rows = table((report_dir / "report.md").read_text(), "tiny")
+    assert list(rows) == ["alibi", "nope"]
+    assert [row["seeds n"] for row in rows.values()] == ["2", "2"]
+
+
+def test_table_numbers_are_mean_and_std_over_the_seeds(runs_dir: Path, report_dir: Path) -> None:
+    rows = table((report_dir / "report.md").read_text(), "tiny")
+    for encoding in ("alibi", "nope"):
+        results = finished_results(runs_dir, encoding)
+        assert len(results) == 2
+        row = rows[encoding]
+        assert row["val loss"] == mean_std([r["val_loss"] for r in results], ".3f")
+        for n in (128, 256):
+            assert row[f"ppl@{n}"] == mean_std([r["eval"][f"ppl/{n}"] for r in results], ".2f")
+        assert row["params"] == f"{results[0]['params']['total']:,}"
+        kl = mean_std([r["eval"]["shift/offset64/kl"] for r in results], ".3g")
+        assert row["KL offset 64"] == kl
+
+
+def test_csv_has_one_row_per_run_including_the_failed_one(report_dir: Path) -> None:
+    with (report_dir / "runs.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 5
+    assert sorted(r["status"] for r in rows) == ["failed"] + ["finished"] * 4
+    failed = next(r for r in rows if r["status"] == "failed")
+    assert failed["run"] == FAILED_RUN and failed["error"] == FAILED_ERROR and failed["encoding"] == "alibi"
+    finished = [r for r in rows if r["status"] == "finished"]
+    for column in ("seed", "val_loss", "tokens_per_s", "params/total", "ppl/256", "needle/acc"):
+        assert all(r[column] != "" for r in finished), column
+
+
+def test_failed_run_and_its_error_are_listed(report_dir: Path) -> None:
+    failed_section = (report_dir / "report.md").read_text().split("## Failed runs", 1)[1]
+    assert f"| {FAILED_RUN} | failed | alibi | {FAILED_ERROR} |" in failed_section
+
+
+def test_report_names_commit_and_machine(runs_dir: Path, report_dir: Path) -> None:
+    report = (report_dir / "report.md").read_text()
+    result = finished_results(runs_dir, "alibi")[0]
+    assert f"Git commit(s): `{result['git_commit']}` (5 runs)" in report
+    assert result["machine"]["platform"] in report
+
+
+def test_every_plot_is_a_png(report_dir: Path) -> None:
+    names = ["ppl_vs_length", "position_loss", "shift", "needle_alibi", "needle_nope"]
+    for name in names:
+        data = (report_dir / f"{name}.png").read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000, name
+        assert f"![{name}.png]({name}.png)" in (report_dir / "report.md").read_text()
+
+
+def test_configs_are_copied(runs_dir: Path, report_dir: Path) -> None:
+    copies = sorted(p.name for p in (report_dir / "configs").glob("*.yaml"))
+    sources = sorted(runs_dir.glob("*/*/config.yaml"))
+    assert copies == sorted(f"{p.parent.name}.yaml" for p in sources)
+    for source in sources:
+        assert (report_dir / "configs" / f"{source.parent.name}.yaml").read_text() == source.read_text()
+
+
+def test_rerendering_from_runs_csv_gives_the_same_report(report_dir: Path, tmp_path: Path) -> None:
+    assert main([str(report_dir), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").read_text() == (report_dir / "report.md").read_text()
+    assert (tmp_path / "runs.csv").read_text() == (report_dir / "runs.csv").read_text()
+    assert len(list((tmp_path / "configs").glob("*.yaml"))) == 5
+
+
+@pytest.mark.parametrize("sub", ["empty", "missing"])
+def test_a_path_without_runs_is_a_clear_error(
+    sub: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "empty" / "configs").mkdir(parents=True)
+    path = tmp_path / sub
+    assert main([str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(path) in err
+    assert ("does not exist" if sub == "missing" else "no run directories") in err
+    assert not (tmp_path / "out").exists()
+
+
+def record(encoding: str, seed: int, metrics: dict[str, float], **config: str) -> RunRecord:
+    return RunRecord(
+        name=f"{encoding}-{seed}-{sorted(config.items())}",
+        status="finished",
+        error="",
+        encoding=encoding,
+        seed=seed,
+        study="ablation",
+        info={},
+        config={"seed": str(seed), "data.cache_dir": f"/tmp/{seed}", **config},
+        metrics=metrics,
+        series={},
+    )
+
+
+def test_swept_values_make_rows_and_cells_follow_the_seeds() -> None:
+    """Rows split by swept values (not by seed, paths or encoding-specific keys); n=1: no ±."""
+    runs = [
+        record("multiscale", 0, {"val_loss": 1.0}, **{"data.anchors": "true", "encoding.hidden": "64"}),
+        record(
+            "multiscale",
+            1,
+            {"val_loss": 2.0, "tokens_per_s": 99.6},
+            **{"data.anchors": "true", "encoding.hidden": "64"},
+        ),
+        record("multiscale", 0, {"val_loss": 3.0}, **{"data.anchors": "false", "encoding.hidden": "64"}),
+        record("rope", 0, {"val_loss": 4.0}, **{"data.anchors": "true", "encoding.base": "10000"}),
+    ]
+    rows = group_rows(runs)["ablation"]
+    assert [r.label for r in rows] == [
+        "multiscale, data.anchors=false",
+        "multiscale, data.anchors=true",
+        "rope, data.anchors=true",
+    ]
+    lines = study_table(rows)
+    assert lines[0] == "| encoding, swept values | seeds n | params | tokens/s | val loss |"
+    assert lines[2] == "| multiscale, data.anchors=false | 1 | — | — | 3.000 |"
+    assert lines[3] == "| multiscale, data.anchors=true | 2 | — | 100 (n=1) | 1.500 ± 0.707 |"
