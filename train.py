@@ -9,6 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from posab.distributed import init_from_env
 from posab.errors import ConfigError, Preempted, TrainingError
 from posab.run import JobInfo, main
 
@@ -44,4 +45,5 @@ def entry(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    init_from_env()  # joins the process group under torchrun (a no-op otherwise)
     entry()

@@ -48,6 +48,19 @@ class JsonlLogger:
         self._file.close()
 
 
+class NullLogger:
+    """Logs nothing (ranks other than 0 under torchrun)."""
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        pass
+
+    def log_evaluation(self, results: dict[str, Any], step: int, run_dir: Path) -> None:
+        pass
+
+    def finish(self, status: str) -> None:
+        pass
+
+
 class MultiLogger:
     """Fan out to several loggers."""
 

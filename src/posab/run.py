@@ -21,11 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from posab.checkpoint import config_container, load_checkpoint, save_checkpoint
 from posab.config import Config, load_config
 from posab.data import TokenStream, prepare_data
+from posab.distributed import World, barrier, world
 from posab.encodings import Dims, build_encoding
 from posab.errors import ConfigError, Preempted
 from posab.evaluate import EvalContext, run_evaluations
 from posab.evaluate.needle import needle_heatmap
-from posab.logging import JsonlLogger, Logger, MultiLogger
+from posab.logging import JsonlLogger, Logger, MultiLogger, NullLogger
 from posab.model import DecoderLM
 from posab.train import Trainer, autocast_dtype, resolve_device
 from posab.wandb_logger import RUN_ID_FILE, WandbLogger
@@ -153,6 +154,9 @@ def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict
     """
     job = job or JobInfo()
     refuse_finished_run(raw_cfg, run_dir)
+    w = world()
+    if not w.is_main:
+        return _worker(raw_cfg, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw_cfg, resolve=True))
     started = time.time()
@@ -164,9 +168,12 @@ def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict
     logger: Logger | None = None
     try:
         cfg = load_config(raw_cfg)
-        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // job.parallel_jobs))
+        check_world(cfg, w)
+        torch.set_num_threads(cfg.threads or default_threads(job.parallel_jobs * w.size))
         resume = resume_state(cfg, run_dir)
-        results.update(run_header(cfg), resumed_from_step=resume["step"] if resume else None)
+        results.update(
+            run_header(cfg), resumed_from_step=resume["step"] if resume else None, world_size=w.size
+        )
         write_json(run_dir / "results.json", results)
         logger = build_loggers(cfg, raw_cfg, run_dir, job, resuming=resume is not None)
         results.update(_train(cfg, run_dir, logger, resume))
@@ -183,6 +190,28 @@ def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict
     return results
 
 
+def _worker(raw_cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """A rank other than 0 under torchrun: trains its shard; writes nothing, logs nothing."""
+    cfg = load_config(raw_cfg)
+    check_world(cfg, world())
+    torch.set_num_threads(cfg.threads or default_threads(world().size))
+    _train(cfg, run_dir, NullLogger(), resume_state(cfg, run_dir, truncate=False))
+    return {"status": "finished", "rank": world().rank}
+
+
+def default_threads(processes: int) -> int:
+    """The machine's cores shared out among the processes that train at once on it."""
+    return max(1, (os.cpu_count() or 1) // processes)
+
+
+def check_world(cfg: Config, w: World) -> None:
+    if cfg.train.batch_size % w.size:
+        raise ConfigError(
+            f"train.batch_size={cfg.train.batch_size} is not divisible by the torchrun world size {w.size}; "
+            f"use a multiple of {w.size}"
+        )
+
+
 def refuse_finished_run(raw_cfg: DictConfig, run_dir: Path) -> None:
     """A finished run's directory is not reused unless `train.overwrite=true`."""
     previous = run_dir / "results.json"
@@ -195,7 +224,7 @@ def refuse_finished_run(raw_cfg: DictConfig, run_dir: Path) -> None:
         )
 
 
-def resume_state(cfg: Config, run_dir: Path) -> dict[str, Any] | None:
+def resume_state(cfg: Config, run_dir: Path, truncate: bool = True) -> dict[str, Any] | None:
     """The checkpoint to continue from (train.resume=auto and one exists), after a compatibility check.
 
     metrics.jsonl is cut back to the checkpoint's step, so the resumed run's log has no duplicate steps.
@@ -205,7 +234,8 @@ def resume_state(cfg: Config, run_dir: Path) -> dict[str, Any] | None:
         return None
     state = load_checkpoint(path)
     check_compatible(state.get("config", {}), config_container(cfg), path, RESUME_KEYS)
-    truncate_metrics(run_dir / "metrics.jsonl", state["step"])
+    if truncate:
+        truncate_metrics(run_dir / "metrics.jsonl", state["step"])
     log.info("resuming from %s at step %d", path, state["step"])
     return state
 
@@ -281,7 +311,8 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
     config = config_container(cfg)
 
     def checkpoint(state: dict[str, Any], kind: str) -> None:
-        save_checkpoint(run_dir / CHECKPOINTS[kind], {**state, "config": config})
+        if world().is_main:
+            save_checkpoint(run_dir / CHECKPOINTS[kind], {**state, "config": config})
 
     trainer = Trainer(model, data, cfg, logger, device, checkpoint)
     if resume is not None:
@@ -297,10 +328,12 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
         "precision": "bf16" if trainer.dtype == torch.bfloat16 else "fp32",
         "data": {"cache": str(data.cache_dir.name), "tokens": {s: len(st) for s, st in data.streams.items()}},
     }
-    ctx = EvalContext(
-        model, data.tokenizer, data.streams["valid"], device, trainer.dtype, cfg.train.seq_len, cfg.eval
-    )
-    summary["eval"] = evaluate(ctx, run_dir, logger, step=result.steps, title=encoding_name(cfg))
+    if world().is_main:  # the final evaluations run on rank 0; the other ranks wait
+        ctx = EvalContext(
+            model, data.tokenizer, data.streams["valid"], device, trainer.dtype, cfg.train.seq_len, cfg.eval
+        )
+        summary["eval"] = evaluate(ctx, run_dir, logger, step=result.steps, title=encoding_name(cfg))
+    barrier()
     return summary
 
 

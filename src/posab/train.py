@@ -15,10 +15,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from posab.config import Config, TrainConfig
 from posab.data import Batch, CorpusData, TokenStream, TrainSampler
+from posab.distributed import any_rank, mean_across_ranks, sum_across_ranks, world
 from posab.errors import ConfigError, Preempted, TrainingError
 from posab.logging import Logger
 from posab.model import DecoderLM
@@ -80,7 +82,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
-def lm_loss(model: DecoderLM, batch: Batch, reduction: str = "mean") -> torch.Tensor:
+def lm_loss(model: nn.Module, batch: Batch, reduction: str = "mean") -> torch.Tensor:
     logits = model(batch.inputs, batch.sentence, batch.paragraph)  # (B, T, V)
     return F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), reduction=reduction)
 
@@ -100,16 +102,19 @@ def validation_loss(
     device: torch.device,
     dtype: torch.dtype | None,
 ) -> float:
-    """Mean per-token loss over fixed windows."""
+    """Mean per-token loss over fixed windows; under torchrun each rank scores its share of the windows
+    and the summed losses and token counts are reduced (no window counted twice)."""
     was_training = model.training
     model.eval()
+    w = world()
     total, count = 0.0, 0
     with autocast(device, dtype):
-        for batch in batches(stream, starts, length, batch_size):
+        for batch in batches(stream, starts[w.rank :: w.size], length, batch_size):
             batch = batch.to(device)
             total += float(lm_loss(model, batch, reduction="sum"))
             count += batch.num_tokens
     model.train(was_training)
+    total, count = sum_across_ranks(total, count)
     return total / count
 
 
@@ -174,13 +179,10 @@ class Trainer:
     ) -> None:
         """`checkpoint(state, kind)` stores a state (`kind`: latest or best)."""
         cfg = run_cfg.train
-        self.model, self.cfg, self.logger, self.device, self.checkpoint = (
-            model,
-            cfg,
-            logger,
-            device,
-            checkpoint,
-        )
+        self.model, self.cfg, self.logger, self.device = model, cfg, logger, device
+        self.checkpoint = checkpoint
+        w = world()
+        self.parallel = DistributedDataParallel(model) if w.distributed else model  # gradients averaged
         self.sampler = TrainSampler(
             data.streams["train"],
             data.tokenizer,
@@ -189,6 +191,7 @@ class Trainer:
             run_cfg.seed,
             run_cfg.data.needle_rate,
             run_cfg.eval.needle.key_digits,
+            shard=(w.rank, w.size),
         )
         self.valid_stream = data.streams["valid"]
         self.valid_starts = self.valid_stream.fixed_windows(cfg.seq_len, cfg.val_windows)
@@ -234,9 +237,10 @@ class Trainer:
         for _ in range(self.cfg.grad_accum):
             batch = self.sampler.next_batch().to(self.device)
             with autocast(self.device, self.dtype):
-                loss = lm_loss(self.model, batch) / self.cfg.grad_accum
+                loss = lm_loss(self.parallel, batch) / self.cfg.grad_accum
             loss.backward()
             total += float(loss.detach())
+        total = mean_across_ranks(total)  # the global batch's loss; every rank sees the same value
         if not math.isfinite(total):
             saved = self.last_saved_step()
             kept = f"the checkpoint of step {saved} is intact" if saved else "no checkpoint was saved yet"
@@ -309,11 +313,12 @@ class Trainer:
             improved = progress.val_loss < progress.best_val_loss
             progress.best_val_loss = min(progress.best_val_loss, progress.val_loss)
             self.logger.log({"val/loss": progress.val_loss}, done)
-        if done % cfg.checkpoint_every == 0 or last or stop.received is not None:
+        stopping = any_rank(stop.received is not None)  # all ranks stop at the same step
+        if done % cfg.checkpoint_every == 0 or last or stopping:
             self.checkpoint(self.state_dict(), "latest")
         if improved and cfg.keep_best:
             self.checkpoint(self.state_dict(), "best")
-        if stop.received is not None and not last:
+        if stopping and not last:
             raise Preempted(
                 f"signal {stop.received} at step {done}: checkpoint saved; rerun the same command to resume"
             )

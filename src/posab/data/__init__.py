@@ -61,11 +61,14 @@ class TrainSampler:
         seed: int,
         needle_rate: float = 0.0,
         key_digits: int = 5,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
+        """`shard` = (rank, world size): every rank draws the same global batch and keeps its own rows."""
         stream.fixed_windows(seq_len, 1)  # fails clearly when the split cannot hold one window
         self.stream, self.tokenizer = stream, tokenizer
         self.seq_len, self.batch_size, self.needle_rate = seq_len, batch_size, needle_rate
         self.key_digits = key_digits
+        self.rank, self.world_size = shard
         self.rng = np.random.default_rng(seed)
         if needle_rate > 0:
             filler_length(
@@ -88,4 +91,4 @@ class TrainSampler:
             batch = batch.cat(
                 passkey_batch(self.stream, self.tokenizer, needles, self.seq_len, self.rng, self.key_digits)
             )
-        return batch
+        return batch.rows(self.rank, self.world_size)

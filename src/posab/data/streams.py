@@ -49,6 +49,14 @@ class Batch:
         fields = ("inputs", "targets", "sentence", "paragraph")
         return Batch(*(torch.cat([getattr(self, f), getattr(other, f)]) for f in fields))
 
+    def rows(self, rank: int, world_size: int) -> Batch:
+        """Shard `rank` of `world_size` equal shards of the rows (the whole batch for one process)."""
+        if world_size == 1:
+            return self
+        size = self.inputs.shape[0] // world_size
+        fields = ("inputs", "targets", "sentence", "paragraph")
+        return Batch(*(getattr(self, f)[rank * size : (rank + 1) * size] for f in fields))
+
     @property
     def num_tokens(self) -> int:
         return self.targets.numel()

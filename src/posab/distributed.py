@@ -1,0 +1,87 @@
+"""Data-parallel training under `torchrun` (DDP): gloo on CPU, NCCL on GPU.
+
+`torchrun --nproc_per_node=N train.py ...` starts N processes with RANK / WORLD_SIZE in the environment.
+Every rank draws the same global batch of windows and takes its own shard, DDP averages the gradients,
+and only rank 0 logs and writes files. Without torchrun everything here is a no-op (world size 1).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+RUN_STAMP = "POSAB_RUN_STAMP"  # read by conf/config.yaml's hydra.run.dir, so that all ranks share one dir
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def world() -> World:
+    """This process's place, from torchrun's environment (rank 0 of 1 without it)."""
+    env = os.environ
+    return World(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+
+
+def init_from_env() -> World:
+    """Join the process group when started by torchrun, and agree on one run-directory time stamp."""
+    w = world()
+    if not w.distributed or dist.is_initialized():
+        return w
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend=backend)
+    atexit.register(dist.destroy_process_group)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(w.local_rank)
+    stamp = [os.environ.get(RUN_STAMP) or time.strftime("%Y-%m-%d_%H-%M-%S")]
+    dist.broadcast_object_list(stamp, src=0)
+    os.environ[RUN_STAMP] = stamp[0]
+    return w
+
+
+def mean_across_ranks(value: float) -> float:
+    """The mean of a scalar over all ranks (the value itself without torchrun)."""
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return float(tensor) / dist.get_world_size()
+
+
+def sum_across_ranks(*values: float) -> tuple[float, ...]:
+    """Element-wise sums over all ranks, in one reduction."""
+    if not dist.is_initialized():
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return tuple(float(v) for v in tensor)
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is true on any rank."""
+    if not dist.is_initialized():
+        return flag
+    tensor = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

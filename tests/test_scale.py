@@ -1,0 +1,88 @@
+"""Multirun sweeps, launcher configs and torchrun data parallelism."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import CONF, ROOT, isolated_env, run_train
+
+
+def losses(run: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["train/loss"] for r in rows if "train/loss" in r]
+
+
+def test_torchrun_two_processes_match_one_process(tmp_path: Path) -> None:
+    """gloo, 2 CPU processes, the same global batch: the same loss curve, one set of outputs."""
+    common = ["+experiment=tiny", "logger=jsonl", f"data.cache_dir={tmp_path / 'cache'}",
+              "train.precision=fp32", "train.steps=6", "train.log_every=1", "train.batch_size=4"]  # fmt: skip
+    single = run_train([*common, f"hydra.run.dir={tmp_path / 'single'}"])
+    assert single.returncode == 0, single.stderr[-2000:]
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--nproc_per_node=2", "--standalone", str(ROOT / "train.py"), *common,
+           f"hydra.run.dir={tmp_path / 'ddp'}"]  # fmt: skip
+    ddp = subprocess.run(cmd, cwd=ROOT, env=isolated_env(), capture_output=True, text=True, timeout=300)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert losses(tmp_path / "ddp") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
+    results = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    assert results["status"] == "finished" and results["world_size"] == 2
+    steps = [json.loads(x)["step"] for x in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert len([s for s in steps if s == 6]) == len(
+        [s for s in steps if s == 6 and s in steps]
+    )  # no rank echo
+    assert len(losses(tmp_path / "ddp")) == 6  # rank 0 alone logged
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "ddp", "single"]
+
+
+def test_torchrun_world_size_must_divide_the_batch(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--nproc_per_node=2", "--standalone", str(ROOT / "train.py"), "+experiment=tiny",
+           "logger=jsonl", "train.batch_size=3", f"hydra.run.dir={tmp_path / 'run'}",
+           f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=isolated_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "train.batch_size=3 is not divisible by the torchrun world size 2" in proc.stderr
+
+
+def test_multirun_gives_one_directory_and_result_per_job_and_keeps_going_after_a_failure(
+    tmp_path: Path,
+) -> None:
+    sweep = tmp_path / "sweep"
+    proc = run_train(["-m", "+experiment=tiny", "logger=jsonl", "encoding=nope,alibi", "train.lr=-1,0.003",
+                      f"hydra.sweep.dir={sweep}", f"data.cache_dir={tmp_path / 'cache'}"])  # fmt: skip
+    assert proc.returncode != 0  # Hydra reports the failed jobs at the end
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(runs) == 4
+    statuses = {p.name: json.loads((p / "results.json").read_text())["status"] for p in runs}
+    assert sorted(statuses.values()) == ["failed", "failed", "finished", "finished"]
+    for name, status in statuses.items():
+        assert (status == "failed") == ("train.lr=-1" in name)
+
+
+def test_every_experiment_grid_is_a_sweep_over_existing_options() -> None:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for name in ("encodings", "anchors", "tiny_grid"):
+            cfg = compose("config", overrides=[f"+experiment={name}"], return_hydra_config=True)
+            params = cfg.hydra.sweeper.params
+            assert "seed" in params
+            for encoding in str(params["encoding"]).split(","):
+                assert (CONF / "encoding" / f"{encoding}.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    ("launcher", "target"), [("local_parallel", "JoblibLauncher"), ("slurm", "SlurmLauncher")]
+)
+def test_launchers_compose(launcher: str, target: str) -> None:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith(target)
+    if launcher == "slurm":
+        assert cfg.hydra.launcher.gpus_per_node == 1 and cfg.hydra.launcher.timeout_min > 0
+    else:
+        assert cfg.hydra.launcher.n_jobs == 2
