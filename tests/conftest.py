@@ -33,8 +33,9 @@ def typed_config(overrides: list[str] | None = None) -> Config:
 
 
 def tiny_model(encoding: str, *overrides: str, seed: int = 0) -> DecoderLM:
-    """A tiny fp32 model with the given encoding, in eval mode."""
-    cfg = typed_config(["+experiment=tiny", f"encoding={encoding}", *overrides])
+    """A tiny fp32 model with the given encoding, in eval mode, sized for positions up to 1000 + 512."""
+    reach = ["eval.lengths=[128,256,512]", "eval.shift.offsets=[1,64,1000]"]  # learned tables cover the tests
+    cfg = typed_config(["+experiment=tiny", *reach, f"encoding={encoding}", *overrides])
     torch.manual_seed(seed)
     return build_model(cfg, VOCAB_SIZE).eval()
 

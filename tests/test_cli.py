@@ -69,6 +69,10 @@ def test_unknown_encoding_lists_the_available_ones(tmp_path: Path) -> None:
         (["train.steps=0"], "train.steps=0 must be a positive integer"),
         (["model.d_model=30", "model.n_heads=4"], "model.d_model=30 is not divisible by model.n_heads=4"),
         (["encoding=rope", "model.d_model=6", "model.n_heads=2"], "head_dim=3"),
+        (["data.needle_rate=2"], "data.needle_rate=2.0 must be in [0, 1]"),
+        (["train.lr=0"], "train.lr=0.0 must be positive"),
+        (["+train.lrr=1"], "invalid config key 'train.lrr'"),
+        (["train.steps=many"], "invalid config key 'train.steps'"),
     ],
 )
 def test_bad_input_gives_one_clear_line(tmp_path: Path, args: list[str], expected: str) -> None:
@@ -100,6 +104,16 @@ def test_reevaluating_a_checkpoint_gives_the_numbers_of_the_run(tmp_path: Path) 
     )
     assert longer.returncode == 0, longer.stderr[-2000:]
     assert '"ppl/512"' in longer.stdout
+
+
+@pytest.mark.parametrize("content", [b"", bytes(range(256)) * 8])
+def test_empty_or_binary_text_is_named(tmp_path: Path, content: bytes) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(content)
+    proc = run_train(tiny_args(tmp_path, "data=text", f"data.path={bad}"))
+    assert proc.returncode == 2
+    line = error_line(proc)
+    assert str(bad) in line and ("no train text" in line or "not UTF-8 text" in line)
 
 
 def test_eval_length_longer_than_the_validation_split(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
@@ -75,10 +77,16 @@ def test_wrong_type_is_named() -> None:
         ("train.lr=0", "train.lr=0.0 must be positive"),
         ("train.precision=fp8", "train.precision='fp8'"),
         ("data.source=ftp", "data.source='ftp'"),
+        ("data.needle_rate=1.5", "data.needle_rate=1.5 must be in [0, 1]"),
+        ("data.needle_rate=-0.1", "data.needle_rate=-0.1 must be in [0, 1]"),
+        ("eval.lengths=[512,0]", "eval.lengths=[512, 0]: every length must be >= 1 (bad: [0])"),
+        ("train.batch_size=-2", "train.batch_size=-2 must be a positive integer"),
+        ("train.lr=-0.001", "train.lr=-0.001 must be positive"),
+        ("logger.mode=cloud", "logger.mode='cloud'"),
     ],
 )
 def test_bad_values_fail_with_the_setting_named(override: str, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         typed_config([override])
 
 

@@ -65,9 +65,9 @@ def test_position_offset(encoding: str) -> None:
     base = model(tokens, sentence, paragraph)
     shifted = model(tokens, sentence, paragraph, offset=1000)
     if model.encoding.relative_only:
-        torch.testing.assert_close(base, shifted, rtol=0, atol=1e-4)
-    else:
-        assert (base - shifted).abs().max() > 1e-2
+        torch.testing.assert_close(base, shifted, rtol=0, atol=1e-5)
+    else:  # well above the float rounding that relative encodings show (RoPE: ~1e-6)
+        assert (base - shifted).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize(

@@ -46,4 +46,16 @@ def test_tiny_training_lowers_the_loss(tmp_path) -> None:
 
 
 def test_every_encoding_is_tested() -> None:
-    assert {"nope", "sinusoidal", "alibi", "rope", "multiscale", "hierarchical"} <= set(ENCODINGS)
+    expected = {
+        "nope",
+        "sinusoidal",
+        "learned",
+        "alibi",
+        "rope",
+        "multiscale",
+        "hierarchical",
+        "t5",
+        "fire",
+        "kerple",
+    }
+    assert expected <= set(ENCODINGS)

@@ -1,0 +1,123 @@
+"""scripts/bench.py --quick as a user runs it, and the benchmark's reference computations."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ENCODINGS, ROOT, isolated_env, tiny_model
+from posab.bench import (
+    Target,
+    all_pairs_hierarchical,
+    all_pairs_multiscale,
+    document_structure,
+    peak_memory,
+    skip_note,
+)
+from posab.encodings import Positions
+
+QUICK_LENGTHS = [64, 128]
+PHASES = ["build", "forward", "forward+backward"]
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/bench.py"), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=isolated_env(),
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_bias_section_compares_both_methods(bench_dir: Path) -> None:
+    rows = read_csv(bench_dir / "section1_bias.csv")
+    cells = {(r["encoding"], int(r["length"]), r["phase"]) for r in rows}
+    assert cells == {(e, n, p) for e in ("multiscale", "hierarchical") for n in QUICK_LENGTHS for p in PHASES}
+    for row in rows:
+        assert float(row["time_ratio"]) > 0 and float(row["memory_ratio"]) > 0, row
+        assert float(row["max_abs_diff"]) < 0.05, row  # the reference computes the same bias
+
+
+def test_train_section_covers_every_encoding(bench_dir: Path) -> None:
+    rows = {r["encoding"]: r for r in read_csv(bench_dir / "section2_train_step.csv")}
+    assert sorted(rows) == ENCODINGS
+    assert all(float(r["step_s"]) > 0 and float(r["tokens_per_s"]) > 0 for r in rows.values())
+    assert float(rows["nope"]["ratio_to_nope"]) == 1.0
+
+
+def test_eval_section_covers_every_encoding_and_length(bench_dir: Path) -> None:
+    rows = read_csv(bench_dir / "section3_eval_forward.csv")
+    assert sorted((r["encoding"], int(r["length"])) for r in rows) == [
+        (e, n) for e in ENCODINGS for n in QUICK_LENGTHS
+    ]
+    assert all(float(r["forward_s"]) > 0 and float(r["peak_mib"]) > 0 for r in rows)
+
+
+def test_peer_section_runs_or_says_why_not(bench_dir: Path) -> None:
+    if importlib.util.find_spec("x_transformers") is None:
+        assert not (bench_dir / "section4_x_transformers.csv").exists()
+        assert "x-transformers is not installed" in (bench_dir / "bench.md").read_text()
+        return
+    rows = read_csv(bench_dir / "section4_x_transformers.csv")
+    assert [r["posab"] for r in rows] == ["rope", "alibi", "multiscale"]
+    assert all(float(r["ratio"]) > 0 for r in rows)
+
+
+def test_flops_section_and_report(bench_dir: Path) -> None:
+    (row,) = read_csv(bench_dir / "section5_flops.csv")
+    assert float(row["share_pct"]) > 0 and float(row["peak_gflops_bf16"]) > 0
+    report = (bench_dir / "bench.md").read_text()
+    for heading in ("CPU", "torch", "threads", "## Method", "## Targets"):
+        assert heading in report
+    verdicts = [r["verdict"] for r in read_csv(bench_dir / "targets.csv")]
+    assert verdicts and all(v == "met" or v.startswith("missed by") for v in verdicts)
+
+
+@pytest.mark.parametrize("overrides", [[], ["encoding.combine=sum"]])
+def test_all_pairs_references_match_the_modules(overrides: list[str]) -> None:
+    """The benchmark's all-pairs method is the design note's: the same bias as the distinct method."""
+    length = 96
+    sentence, paragraph = document_structure(2, length, torch.Generator().manual_seed(0))
+    pos = Positions.build(length, "cpu", 0, sentence, paragraph)
+    hierarchical = tiny_model("hierarchical", *overrides).encoding
+    torch.testing.assert_close(all_pairs_hierarchical(hierarchical, pos), hierarchical.bias(pos))
+    multiscale = tiny_model("multiscale").encoding
+    torch.testing.assert_close(all_pairs_multiscale(multiscale, pos), multiscale.bias(pos))
+
+
+def test_peak_memory_sees_a_temporary_tensor() -> None:
+    def make_and_drop() -> None:
+        torch.zeros(2**18)  # 1 MiB of float32, freed at once
+
+    assert 2**20 <= peak_memory(make_and_drop) < 2**20 + 2**12
+
+
+def test_target_verdicts() -> None:
+    assert Target("t", 1.05, 1.10, higher_is_better=False).verdict() == "met"
+    assert Target("t", 1.30, 1.25, higher_is_better=False).verdict() == "missed by 0.05x"
+    assert Target("t", 80.0, 100.0, higher_is_better=True).verdict() == "missed by 20x"
+    assert Target("t", 12.5, 40.0, True, "%").verdict() == "missed by 27.5 percentage points"
+    assert Target("t", None, 40.0, True, "%").verdict() == "not measured"
+
+
+def test_all_pairs_run_is_skipped_when_it_would_not_fit() -> None:
+    assert skip_note(None, 4096) == ""
+    assert skip_note((2048, 1024.0), 4096) == ""
+    assert skip_note((2048, 1e15), 4096).startswith("all-pairs skipped: predicted peak")
