@@ -89,3 +89,37 @@ def test_rope_matches_the_rotation_formula_and_cached_tables_honour_offsets() ->
     torch.testing.assert_close(q[0, 0], expected, rtol=1e-5, atol=1e-5)
     fresh = RoPE(Dims(d_model=8, n_heads=1), base=100.0)
     torch.testing.assert_close(fresh.rotate(x, x, Positions(token=positions))[0], q)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoding", ["nope", "alibi", "hierarchical"])
+def test_flex_attention_equals_sdpa_in_evaluation(encoding: str) -> None:
+    """FlexAttention (compiled; tens of seconds on the CPU the first time) gives the SDPA logits."""
+    from conftest import tiny_model
+
+    sdpa, flex = tiny_model(encoding), tiny_model(encoding, "model.attention=flex")
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 256, (2, 96), generator=g)
+    sentence = torch.cumsum(torch.rand(2, 96, generator=g) < 0.1, dim=1)
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            flex(tokens, sentence, sentence // 4), sdpa(tokens, sentence, sentence // 4)
+        )
+
+
+def test_mask_is_cached_per_length_in_evaluation_and_cleared_by_training() -> None:
+    from conftest import tiny_model
+
+    model = tiny_model("multiscale")
+    tokens = torch.randint(0, 256, (1, 32))
+    with torch.inference_mode():
+        first = model(tokens)
+        assert len(model._mask_cache) == 1
+        assert torch.equal(model(tokens), first)
+    with torch.no_grad():
+        model.encoding.distance_mlp.mlp[-1].weight.mul_(3.0)  # as a training step changes the bias
+    model.train()
+    assert not model._mask_cache
+    model.eval()
+    with torch.inference_mode():
+        assert (model(tokens) - first).abs().max() > 1e-4

@@ -16,7 +16,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,13 +33,44 @@ def causal_mask(length: int, device: torch.device) -> Tensor:
     return torch.full((length, length), float("-inf"), device=device).triu(1)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float = 0.0) -> Tensor:
-    """q, k, v: (B, H, T, D); mask: (1|B, H, T, T) additive, causal part included, or None -> (B, H, T, D)."""
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float = 0.0, backend: str = "sdpa"
+) -> Tensor:
+    """q, k, v: (B, H, T, D); mask: (1|B, H, T, T) additive, causal part included, or None -> (B, H, T, D).
+
+    backend `flex` runs FlexAttention (compiled) where it can: on a GPU, and on the CPU without gradients
+    (PyTorch has no FlexAttention backward on the CPU); everything else takes the SDPA paths.
+    """
+    if backend == "flex" and dropout == 0.0 and (q.device.type == "cuda" or not torch.is_grad_enabled()):
+        return flex(q, k, v, mask)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
     if mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu" and dropout == 0.0:
         return BiasedAttention.apply(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+
+
+@functools.cache
+def compiled_flex_attention() -> Callable[..., Tensor]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """FlexAttention with the mask read inside `score_mod` (causal only when there is no mask)."""
+
+    def causal(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return torch.where(q_idx >= kv_idx, score, float("-inf"))
+
+    def shared(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score + mask[0, h, q_idx, kv_idx]
+
+    def per_row(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score + mask[b, h, q_idx, kv_idx]
+
+    score_mod = causal if mask is None else shared if mask.shape[0] == 1 else per_row
+    return compiled_flex_attention()(q, k, v, score_mod=score_mod)
 
 
 class BiasedAttention(torch.autograd.Function):

@@ -104,8 +104,12 @@ class Target:
     higher_is_better: bool
     unit: str = "x"
 
+    @property
+    def measured(self) -> bool:
+        return self.value is not None and not math.isnan(self.value)
+
     def verdict(self) -> str:
-        if self.value is None or math.isnan(self.value):
+        if self.value is None or not self.measured:
             return "not measured"
         gap = self.bound - self.value if self.higher_is_better else self.value - self.bound
         if gap <= 0:
@@ -114,7 +118,7 @@ class Target:
 
     def row(self) -> dict[str, Any]:
         sign = ">=" if self.higher_is_better else "<="
-        value = "n/a" if self.value is None else f"{self.value:.4g}{self.unit}"
+        value = f"{self.value:.4g}{self.unit}" if self.value is not None and self.measured else "n/a"
         return {"target": f"{self.label} {sign} {self.bound:g}{self.unit}", "value": value}
 
 
@@ -215,10 +219,8 @@ def precision(cfg: Config) -> torch.dtype | None:
 def document_structure(batch: int, length: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """Sentence and paragraph indices (B, L): a sentence every ~60 tokens, a paragraph every ~600."""
     new_sentence = torch.rand(batch, length, generator=generator) < 1 / SENTENCE_TOKENS
-    sentences_per_paragraph = (
-        torch.rand(batch, length, generator=generator) < SENTENCE_TOKENS / PARAGRAPH_TOKENS
-    )
-    return new_sentence.cumsum(1), (new_sentence & sentences_per_paragraph).cumsum(1)
+    opens_paragraph = torch.rand(batch, length, generator=generator) < SENTENCE_TOKENS / PARAGRAPH_TOKENS
+    return new_sentence.cumsum(1), (new_sentence & opens_paragraph).cumsum(1)
 
 
 def synthetic_batch(batch: int, length: int) -> Batch:
@@ -717,8 +719,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for number in args.sections:
         result = SECTIONS[number](settings)
         print(section_markdown(result), flush=True)
+        table = args.out / f"{result.key}.csv"
         if result.rows:
-            write_csv(args.out / f"{result.key}.csv", result.rows)
+            write_csv(table, result.rows)
+        else:  # skipped: no table from an earlier run may pass for this run's
+            table.unlink(missing_ok=True)
         results.append(result)
     targets = target_rows(results)
     if targets:

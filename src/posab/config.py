@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from posab.encodings import encoding_class
+from posab.encodings.rope import SCALINGS
 from posab.errors import ConfigError
 
 
@@ -27,6 +28,7 @@ class ModelConfig:
     n_heads: int = 4
     mlp_ratio: int = 4
     dropout: float = 0.0
+    attention: str = "sdpa"  # sdpa | flex (FlexAttention on GPUs, and in evaluation on the CPU)
 
 
 @dataclass
@@ -47,6 +49,8 @@ class DataConfig:
     hub_local_dir: str | None = None  # hub: an offline copy (parquet or text files) instead of the hub
     text_field: str = "text"
     anchors: bool = True
+    tokenizer: str = "bytes"  # bytes | bpe (byte-level BPE trained on the train split)
+    vocab_size: int = 4096  # bpe: ids in all (256 bytes, 4 anchors, merges); at most 65536
     needle_rate: float = 0.05  # share of training windows that are passkey examples (0 turns it off)
     cache_dir: str = ".cache/posab"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
@@ -71,6 +75,7 @@ class TrainConfig:
     val_windows: int = 32
     log_every: int = 10
     progress: bool = True
+    compile: bool = False  # torch.compile the model for training
     checkpoint_every: int = 100
     keep_best: bool = False  # also keep checkpoint_best.pt (lowest validation loss)
     resume: str = "auto"  # auto: continue from the run directory's checkpoint if it has one | never
@@ -105,13 +110,24 @@ class ShiftConfig:
 
 
 @dataclass
+class AnalysisConfig:
+    enabled: bool = False  # attention entropy and distance per layer and head; slow at long lengths
+    windows: int = 2  # validation windows per length, one at a time
+    lengths: list[int] | None = None  # None: eval.lengths; each at most max(eval.lengths)
+
+
+@dataclass
 class EvalConfig:
     lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
     batch_tokens: int = 16384  # batch size per length = max(1, batch_tokens // length)
     progress: bool = True
+    # RoPE models only, at lengths past the training length: extra perplexity rows `ppl@KIND/L`
+    rope_scaling: list[str] = field(default_factory=lambda: ["none", "pi", "ntk", "yarn"])
+    rope_scaling_factor: float | None = None  # None: s = L / training length; else this fixed s >= 1
     perplexity: PerplexityConfig = field(default_factory=PerplexityConfig)
     needle: NeedleConfig = field(default_factory=NeedleConfig)
     shift: ShiftConfig = field(default_factory=ShiftConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
 
 
 @dataclass
@@ -169,6 +185,7 @@ def validate(cfg: Config) -> None:
     for name in ("d_model", "n_layers", "n_heads", "mlp_ratio"):
         value = getattr(m, name)
         _require(value > 0, f"model.{name}={value} must be a positive integer")
+    _require(m.attention in ("sdpa", "flex"), f"model.attention={m.attention!r}: use sdpa or flex")
     _require(
         m.d_model % m.n_heads == 0,
         f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}",
@@ -197,6 +214,15 @@ def validate(cfg: Config) -> None:
     _require(cfg.data.source in sources, f"data.source={cfg.data.source!r}: use one of {', '.join(sources)}")
     _require("_target_" in cfg.encoding, "encoding: no _target_; pick one with encoding=NAME")
     encoding_class(cfg.encoding)
+    tokenizers = ("bytes", "bpe")
+    _require(
+        cfg.data.tokenizer in tokenizers, f"data.tokenizer={cfg.data.tokenizer!r}: use one of {', '.join(tokenizers)}"
+    )
+    _require(
+        261 <= cfg.data.vocab_size <= 65536,
+        f"data.vocab_size={cfg.data.vocab_size} must be in [261, 65536]: above the 256 bytes and 4 anchor "
+        "tokens, and within 16-bit token ids",
+    )
     _require(0 <= cfg.data.needle_rate <= 1, f"data.needle_rate={cfg.data.needle_rate} must be in [0, 1]")
     validate_eval(cfg.eval)
     _require(
@@ -208,9 +234,22 @@ def validate(cfg: Config) -> None:
 
 def validate_eval(e: EvalConfig) -> None:
     _require(e.batch_tokens > 0, f"eval.batch_tokens={e.batch_tokens} must be positive")
-    for name, lengths in (("eval.lengths", e.lengths), ("eval.needle.lengths", e.needle.lengths or [])):
+    named_lengths = (
+        ("eval.lengths", e.lengths),
+        ("eval.needle.lengths", e.needle.lengths or []),
+        ("eval.analysis.lengths", e.analysis.lengths or []),
+    )
+    for name, lengths in named_lengths:
         bad = [n for n in lengths if n < 1]
         _require(not bad, f"{name}={lengths}: every length must be >= 1 (bad: {bad})")
+    kinds, factor, a = e.rope_scaling, e.rope_scaling_factor, e.analysis
+    bad_kinds = sorted(set(kinds) - set(SCALINGS)) or sorted({k for k in kinds if kinds.count(k) > 1})
+    _require(not bad_kinds, f"eval.rope_scaling={kinds}: each of {'/'.join(SCALINGS)} once; bad: {bad_kinds}")
+    _require(factor is None or factor >= 1, f"eval.rope_scaling_factor={factor} must be >= 1, or null")
+    _require(a.windows > 0, f"eval.analysis.windows={a.windows} must be positive")
+    longest = max(e.lengths, default=0)
+    too_long = [n for n in a.lengths or [] if n > longest]
+    _require(not too_long, f"eval.analysis.lengths={a.lengths}: at most max(eval.lengths)={longest}")
     p, n, s = e.perplexity, e.needle, e.shift
     _require(p.token_budget > 0, f"eval.perplexity.token_budget={p.token_budget} must be positive")
     _require(p.windows is None or p.windows > 0, f"eval.perplexity.windows={p.windows} must be positive")

@@ -38,13 +38,14 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
+        self.backend = cfg.attention
 
     def forward(self, x: Tensor, encoding: Encoding, pos: Positions, mask: Tensor | None) -> Tensor:
         b, t, c = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.n_heads, c // self.n_heads)  # (B, T, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, D)
         q, k = encoding.rotate(q, k, pos)
-        y = attention(q, k, v, mask, self.dropout if self.training else 0.0)  # (B, H, T, D)
+        y = attention(q, k, v, mask, self.dropout if self.training else 0.0, self.backend)  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))  # (B, H, T, D) -> (B, T, C)
 
 
@@ -84,6 +85,7 @@ class DecoderLM(nn.Module):
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied
         self._init_weights()
+        self._mask_cache: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
 
     def _init_weights(self) -> None:
         """GPT-2 initialisation; residual projections scaled by 1/sqrt(2 * n_layers)."""
@@ -106,10 +108,24 @@ class DecoderLM(nn.Module):
         _, t = tokens.shape
         pos = Positions.build(t, tokens.device, offset, sentence, paragraph)
         x = self.encoding.embed(self.embed(tokens), pos)  # (B, T, C)
-        mask = attention_mask(self.encoding.bias(pos), t, attention_dtype(x))
+        mask = self._mask(pos, attention_dtype(x))
         for block in self.blocks:
             x = block(x, self.encoding, pos, mask)
         return self.head(self.norm(x))
+
+    def _mask(self, pos: Positions, dtype: torch.dtype) -> Tensor | None:
+        """The attention mask, built once per forward pass; without gradients, an encoding whose bias depends
+        only on the length (`static_bias`) has its mask cached per length (cleared by `train()`)."""
+        if not self.encoding.static_bias or torch.is_grad_enabled():
+            return attention_mask(self.encoding.bias(pos), pos.length, dtype)
+        key = (pos.length, dtype, pos.token.device)
+        if key not in self._mask_cache:
+            self._mask_cache[key] = attention_mask(self.encoding.bias(pos), pos.length, dtype)
+        return self._mask_cache[key]
+
+    def train(self, mode: bool = True) -> DecoderLM:
+        self._mask_cache.clear()  # the parameters may change: never serve a stale bias
+        return super().train(mode)
 
     def parameter_counts(self) -> dict[str, int]:
         """Total, encoding and non-embedding parameter counts (tied head counted once)."""

@@ -183,6 +183,8 @@ class Trainer:
         self.checkpoint = checkpoint
         w = world()
         self.parallel = DistributedDataParallel(model) if w.distributed else model  # gradients averaged
+        if cfg.compile:
+            self.parallel = torch.compile(self.parallel)
         self.sampler = TrainSampler(
             data.streams["train"],
             data.tokenizer,

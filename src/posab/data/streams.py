@@ -100,8 +100,12 @@ class TokenStream:
         return picks * length
 
 
-def cache_key(identity: dict[str, Any], tokenizer: ByteTokenizer) -> str:
-    payload = {"format": CACHE_FORMAT, "corpus": identity, "tokenizer": "bytes", "anchors": tokenizer.anchors}
+def cache_key(identity: dict[str, Any], tokenizer: dict[str, Any]) -> str:
+    """The cache folder's key, from the corpus identity and the tokenizer settings.
+
+    `tokenizer`: e.g. {"tokenizer": "bytes", "anchors": True}, or with "bpe" also its "vocab_size".
+    """
+    payload = {"format": CACHE_FORMAT, "corpus": identity, **tokenizer}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

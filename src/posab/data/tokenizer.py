@@ -5,12 +5,16 @@ BOS, then for each paragraph PARA, its bytes with SENT before every sentence but
 With anchors off the bytes stand alone. Either way every token gets the index of its sentence and of its
 paragraph, so the hierarchical bias works in both settings. Segmentation: paragraphs are separated by
 blank lines; a sentence ends after '.', '!' or '?' (and closing quotes or brackets) followed by whitespace.
+
+The segmentation (`segment`), the anchors and indices (`assemble`) and decoding (`decode_pieces`) are shared
+with the subword tokenizer (`posab.data.bpe`), which encodes each sentence into BPE tokens instead of bytes.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -20,6 +24,7 @@ VOCAB_SIZE = 260
 
 PARAGRAPH_BREAK = re.compile(rb"\n[ \t\r]*\n\s*")
 SENTENCE_END = re.compile(rb"[.!?][\"')\]]*\s+")
+BYTE_PIECES: list[bytes | None] = [bytes([b]) for b in range(256)]
 
 
 @dataclass
@@ -40,6 +45,97 @@ def _starts(pattern: re.Pattern[bytes], data: bytes) -> np.ndarray:
     return np.asarray(ends, dtype=np.int64)
 
 
+def segment(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Byte offsets where the paragraphs start and where the sentences start (paragraph starts included).
+
+    Both are sorted and start at 0 (empty for empty data); the boundaries fall right after ASCII
+    whitespace, so each sentence slice is valid UTF-8 when `data` is.
+    """
+    if not data:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    para_starts = np.concatenate([[0], _starts(PARAGRAPH_BREAK, data)])
+    sent_starts = np.union1d(para_starts, _starts(SENTENCE_END, data)).astype(np.int64)
+    return para_starts, sent_starts
+
+
+def assemble(
+    tokens: np.ndarray, para_starts: np.ndarray, sent_starts: np.ndarray, anchors: bool, document: bool
+) -> Encoded:
+    """Tokens with their sentence and paragraph indices, and the anchors when `anchors` is on.
+
+    `para_starts` and `sent_starts` are the token offsets where paragraphs and sentences start, as
+    `segment` gives them in bytes; with `document`, anchors include BOS and EOS around the text.
+    """
+    paragraph = _running_index(para_starts, len(tokens))
+    sentence = _running_index(sent_starts, len(tokens))
+    if not anchors:
+        return Encoded(tokens, sentence, paragraph)
+    return _with_anchors(tokens, sentence, paragraph, para_starts, sent_starts, document)
+
+
+def _running_index(starts: np.ndarray, length: int) -> np.ndarray:
+    marks = np.zeros(length, dtype=np.int32)
+    marks[starts] = 1
+    return np.maximum(np.cumsum(marks, dtype=np.int32) - 1, 0)
+
+
+def _with_anchors(
+    tokens: np.ndarray,
+    sentence: np.ndarray,
+    paragraph: np.ndarray,
+    para_starts: np.ndarray,
+    sent_starts: np.ndarray,
+    document: bool,
+) -> Encoded:
+    inner_sentences = np.setdiff1d(sent_starts, para_starts)
+    where = np.concatenate([para_starts, inner_sentences])
+    what = np.concatenate([np.full(len(para_starts), PARA), np.full(len(inner_sentences), SENT)])
+    order = np.argsort(where, kind="stable")
+    where, what = where[order], what[order]
+    # an anchor takes the indices of the token it precedes
+    tokens = np.insert(tokens, where, what.astype(np.uint16))
+    sentence = np.insert(sentence, where, sentence[where] if len(sentence) else [])
+    paragraph = np.insert(paragraph, where, paragraph[where] if len(paragraph) else [])
+    if document:
+        last_s = sentence[-1] if len(sentence) else 0
+        last_p = paragraph[-1] if len(paragraph) else 0
+        tokens = np.concatenate([[BOS], tokens, [EOS]]).astype(np.uint16)
+        sentence = np.concatenate([[0], sentence, [last_s]]).astype(np.int32)
+        paragraph = np.concatenate([[0], paragraph, [last_p]]).astype(np.int32)
+    return Encoded(tokens, sentence.astype(np.int32), paragraph.astype(np.int32))
+
+
+def decode_pieces(ids: list[int] | np.ndarray, pieces: list[bytes | None], show_special: bool) -> str:
+    """Join the bytes `pieces[id]` of the ids and decode them as UTF-8 (invalid bytes replaced).
+
+    Ids without bytes (None, or beyond `pieces`) are anchors: dropped, or shown as <bos>, <para>, ...
+    """
+    out: list[str] = []
+    run = bytearray()
+    for i in (int(x) for x in ids):
+        piece = pieces[i] if 0 <= i < len(pieces) else None
+        if piece is not None:
+            run += piece
+            continue
+        out.append(run.decode("utf-8", errors="replace"))
+        run = bytearray()
+        if show_special:
+            out.append(SPECIAL_NAMES.get(i, f"<{i}>"))
+    out.append(run.decode("utf-8", errors="replace"))
+    return "".join(out)
+
+
+class Tokenizer(Protocol):
+    """What the data pipeline asks of a tokenizer: `ByteTokenizer` or `posab.data.bpe.BPETokenizer`."""
+
+    vocab_size: int
+    anchors: bool
+
+    def encode(self, text: str, document: bool = True) -> Encoded: ...
+
+    def decode(self, ids: list[int] | np.ndarray, show_special: bool = False) -> str: ...
+
+
 class ByteTokenizer:
     vocab_size = VOCAB_SIZE
 
@@ -50,60 +146,11 @@ class ByteTokenizer:
         """Encode text; with `document`, anchors include BOS and EOS around it."""
         data = text.encode("utf-8")
         tokens = np.frombuffer(data, dtype=np.uint8).astype(np.uint16)  # (N,)
-        para_starts = np.concatenate([[0], _starts(PARAGRAPH_BREAK, data)]) if data else np.zeros(0, np.int64)
-        sent_starts = np.union1d(para_starts, _starts(SENTENCE_END, data)).astype(np.int64)
-        paragraph = self._running_index(para_starts, len(data))
-        sentence = self._running_index(sent_starts, len(data))
-        if not self.anchors:
-            return Encoded(tokens, sentence, paragraph)
-        return self._with_anchors(tokens, sentence, paragraph, para_starts, sent_starts, document)
-
-    @staticmethod
-    def _running_index(starts: np.ndarray, length: int) -> np.ndarray:
-        marks = np.zeros(length, dtype=np.int32)
-        marks[starts] = 1
-        return np.maximum(np.cumsum(marks, dtype=np.int32) - 1, 0)
-
-    @staticmethod
-    def _with_anchors(
-        tokens: np.ndarray,
-        sentence: np.ndarray,
-        paragraph: np.ndarray,
-        para_starts: np.ndarray,
-        sent_starts: np.ndarray,
-        document: bool,
-    ) -> Encoded:
-        inner_sentences = np.setdiff1d(sent_starts, para_starts)
-        where = np.concatenate([para_starts, inner_sentences])
-        what = np.concatenate([np.full(len(para_starts), PARA), np.full(len(inner_sentences), SENT)])
-        order = np.argsort(where, kind="stable")
-        where, what = where[order], what[order]
-        # an anchor takes the indices of the byte it precedes
-        tokens = np.insert(tokens, where, what.astype(np.uint16))
-        sentence = np.insert(sentence, where, sentence[where] if len(sentence) else [])
-        paragraph = np.insert(paragraph, where, paragraph[where] if len(paragraph) else [])
-        if document:
-            last_s = sentence[-1] if len(sentence) else 0
-            last_p = paragraph[-1] if len(paragraph) else 0
-            tokens = np.concatenate([[BOS], tokens, [EOS]]).astype(np.uint16)
-            sentence = np.concatenate([[0], sentence, [last_s]]).astype(np.int32)
-            paragraph = np.concatenate([[0], paragraph, [last_p]]).astype(np.int32)
-        return Encoded(tokens, sentence.astype(np.int32), paragraph.astype(np.int32))
+        return assemble(tokens, *segment(data), self.anchors, document)
 
     def decode(self, ids: list[int] | np.ndarray, show_special: bool = False) -> str:
         """Bytes back to text; anchor tokens are dropped, or shown as <bos>, <para>, ..."""
-        pieces: list[str] = []
-        run = bytearray()
-        for i in (int(x) for x in ids):
-            if i < 256:
-                run.append(i)
-                continue
-            pieces.append(run.decode("utf-8", errors="replace"))
-            run = bytearray()
-            if show_special:
-                pieces.append(SPECIAL_NAMES.get(i, f"<{i}>"))
-        pieces.append(run.decode("utf-8", errors="replace"))
-        return "".join(pieces)
+        return decode_pieces(ids, BYTE_PIECES, show_special)
 
 
 def concatenate(parts: list[Encoded]) -> Encoded:

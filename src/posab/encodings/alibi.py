@@ -27,6 +27,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 class ALiBi(Encoding):
     relative_only = True
+    static_bias = True
 
     def __init__(self, dims: Dims) -> None:
         super().__init__(dims)

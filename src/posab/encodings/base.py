@@ -61,10 +61,12 @@ class Encoding(nn.Module):
     """Base class: no positional information at all (NoPE) unless a method is overridden.
 
     `relative_only` is True when the encoding's effect depends only on differences of positions, so the
-    model's outputs must not change when every position is offset by the same amount.
+    model's outputs must not change when every position is offset by the same amount. `static_bias` is
+    True when `bias` depends only on the sequence length (not on offsets or sentence structure).
     """
 
     relative_only: bool = True
+    static_bias: bool = False  # the bias depends only on the sequence length (it may be cached per length)
 
     def __init__(self, dims: Dims) -> None:
         super().__init__()

@@ -51,10 +51,6 @@ class Hierarchical(Encoding):
             self.mix = nn.Parameter(torch.eye(h).repeat(len(self.levels), 1, 1))  # (levels, H, H)
             self.mix_bias = nn.Parameter(torch.zeros(h))  # (H,)
 
-    def _mixed(self, index: int, table: Tensor) -> Tensor:
-        """Apply level `index`'s share of the linear mix to its (H, N) table."""
-        return self.mix[index] @ table if self.combine == "mix" else table  # (H, H) @ (H, N) -> (H, N)
-
     def bias(self, pos: Positions) -> Tensor:
         total: Tensor | None = None
         if "token" in self.levels:

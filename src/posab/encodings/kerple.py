@@ -22,6 +22,7 @@ def inverse_softplus(y: Tensor) -> Tensor:
 
 class Kerple(Encoding):
     relative_only = True
+    static_bias = True
 
     def __init__(self, dims: Dims) -> None:
         super().__init__(dims)

@@ -40,6 +40,7 @@ class DistanceMLP(nn.Module):
 
 class MultiScale(Encoding):
     relative_only = True
+    static_bias = True
 
     def __init__(self, dims: Dims, num_freqs: int = 16, max_dist: float = 4096.0, hidden: int = 64) -> None:
         super().__init__(dims)

@@ -3,13 +3,75 @@
 Applied over the first `rotary_dim` channels of each head (the full head dimension by default). The
 cos/sin table is cached and grown to the largest position seen; it is indexed by position value, so
 offset positions are honoured.
+
+Context extension at evaluation (`RoPE.scaled`), with s the scale factor (evaluation length / training
+length), R = rotary_dim, theta_c = base^(-2c/R) for c = 0 .. R/2 - 1 and L the training length:
+
+- `pi`, Position Interpolation (Chen et al., 2023, arXiv:2306.15595): f'(x, m) = f(x, m L / L'), i.e.
+  positions m / s, i.e. every frequency theta_c / s.
+- `ntk`, NTK-aware scaling (bloc97, 2023; as written in YaRN, Sec. 3.1): base' = base * s^(R / (R - 2)),
+  theta'_c = base'^(-2c/R): the lowest frequency is interpolated by s, the highest is left as it is.
+- `yarn` (Peng et al., 2023, "YaRN: Efficient Context Window Extension of Large Language Models",
+  arXiv:2309.00071), the published formulas, with the paper's alpha = 1, beta = 32:
+  NTK-by-parts (Sec. 3.2): wavelength lambda_c = 2 pi / theta_c, ratio r(c) = L / lambda_c,
+  ramp gamma(r) = 0 if r < alpha, 1 if r > beta, (r - alpha) / (beta - alpha) otherwise, and
+  h(theta_c) = (1 - gamma(r(c))) theta_c / s + gamma(r(c)) theta_c;
+  attention scaling (Sec. 3.4): softmax(q^T k / (t sqrt(D))) with sqrt(1/t) = 0.1 ln(s) + 1, applied by
+  multiplying q and k (all head channels) by sqrt(1/t), so the logits are scaled by (0.1 ln s + 1)^2.
+  The ramp is linear in r, as in the paper (the reference code ramps linearly over dimension indices
+  between rounded correction dimensions, which gives slightly different frequencies).
+
+At s = 1 every method is plain RoPE exactly: theta / 1, base * 1^x, theta / 1 + gamma (theta - theta) and
+0.1 ln 1 + 1 = 1 are exact in floating point.
 """
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 
 from posab.encodings.base import Dims, Encoding, Positions
 from posab.errors import ConfigError
+
+SCALINGS = ("none", "pi", "ntk", "yarn")
+YARN_ALPHA = 1.0  # ramp start, in rotations per training window (the paper's value)
+YARN_BETA = 32.0  # ramp end
+
+
+def rope_frequencies(base: float, rotary_dim: int) -> Tensor:
+    """theta_c = base^(-2c/R), c = 0 .. R/2 - 1: (R/2,) float64."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    return base**-exponents
+
+
+def ntk_base(base: float, factor: float, rotary_dim: int) -> float:
+    """NTK-aware base: base * s^(R / (R - 2)) (R > 2)."""
+    return base * factor ** (rotary_dim / (rotary_dim - 2))
+
+
+def yarn_ramp(ratio: Tensor, alpha: float = YARN_ALPHA, beta: float = YARN_BETA) -> Tensor:
+    """gamma(r): 0 below alpha, 1 above beta, linear in between."""
+    return ((ratio - alpha) / (beta - alpha)).clamp(0.0, 1.0)
+
+
+def scaled_frequencies(kind: str, factor: float, base: float, rotary_dim: int, train_len: int) -> Tensor:
+    """The frequencies (R/2,) float64 of a context-extension method at scale factor s (module docstring)."""
+    theta = rope_frequencies(base, rotary_dim)
+    if kind == "pi":
+        return theta / factor
+    if kind == "ntk":  # with R = 2 the one frequency is base^0 = 1 whatever the base
+        return theta if rotary_dim == 2 else rope_frequencies(ntk_base(base, factor, rotary_dim), rotary_dim)
+    if kind == "yarn":
+        gamma = yarn_ramp(train_len * theta / (2 * math.pi))  # r = L / lambda, lambda = 2 pi / theta
+        return theta / factor + gamma * (theta - theta / factor)  # = (1 - gamma) theta / s + gamma theta
+    return theta
+
+
+def attention_factor(kind: str, factor: float) -> float:
+    """sqrt(1/t), the factor q and k are multiplied by: 0.1 ln(s) + 1 for YaRN, 1 otherwise."""
+    return 0.1 * math.log(factor) + 1.0 if kind == "yarn" else 1.0
 
 
 class RoPE(Encoding):
@@ -23,10 +85,35 @@ class RoPE(Encoding):
                 f"rope needs an even rotary dimension in (0, head_dim={dims.head_dim}], got {self.rotary_dim}"
                 " (head_dim = model.d_model / model.n_heads)"
             )
-        exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64) / self.rotary_dim
-        self.register_buffer("inv_freq", base**-exponents, persistent=False)  # (R/2,)
+        self.base = base
+        self.attention_factor = 1.0  # sqrt(1/t) of YaRN while `scaled("yarn", ...)` is active
+        self.register_buffer("inv_freq", rope_frequencies(base, self.rotary_dim), persistent=False)  # (R/2,)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim), persistent=False)
+
+    @contextmanager
+    def scaled(self, kind: str, factor: float, train_len: int | None = None) -> Iterator[None]:
+        """Run with a context-extension method (`none`, `pi`, `ntk` or `yarn`) at scale factor `factor`.
+
+        Swaps in the method's frequencies and attention factor and an empty cos/sin cache; on exit the
+        original frequencies, factor and cache are put back, so no table outlives the settings it was
+        computed for. `train_len` (YaRN's L) defaults to the model's training length.
+        """
+        if kind not in SCALINGS:
+            raise ValueError(f"unknown rope scaling {kind!r}; use one of {', '.join(SCALINGS)}")
+        if factor < 1:
+            raise ValueError(f"rope scaling factor {factor} must be >= 1")
+        saved = self.inv_freq, self.cos_cached, self.sin_cached, self.attention_factor
+        length = self.dims.train_len if train_len is None else train_len
+        frequencies = scaled_frequencies(kind, factor, self.base, self.rotary_dim, length)
+        self.inv_freq = frequencies.to(self.inv_freq.device)
+        self.cos_cached = self.cos_cached[:0]  # (0, R)
+        self.sin_cached = self.sin_cached[:0]  # (0, R)
+        self.attention_factor = attention_factor(kind, factor)
+        try:
+            yield
+        finally:
+            self.inv_freq, self.cos_cached, self.sin_cached, self.attention_factor = saved
 
     def _grow(self, max_position: int) -> None:
         """Extend the tables to cover positions 0 .. max_position (doubling, to amortise growth)."""
@@ -46,7 +133,10 @@ class RoPE(Encoding):
 
     def rotate(self, q: Tensor, k: Tensor, pos: Positions) -> tuple[Tensor, Tensor]:
         cos, sin = self.tables(pos.token)
-        return self._rotated(q, cos, sin), self._rotated(k, cos, sin)
+        q, k = self._rotated(q, cos, sin), self._rotated(k, cos, sin)
+        if self.attention_factor == 1.0:
+            return q, k
+        return q * self.attention_factor, k * self.attention_factor
 
     def _rotated(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """x: (B, H, T, D); cos, sin: (T, R)."""

@@ -29,6 +29,7 @@ def t5_buckets(distance: Tensor, num_buckets: int = 32, max_distance: int = 128)
 
 class T5Bias(Encoding):
     relative_only = True
+    static_bias = True
 
     def __init__(self, dims: Dims, num_buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__(dims)
