@@ -216,7 +216,8 @@ def validate(cfg: Config) -> None:
     encoding_class(cfg.encoding)
     tokenizers = ("bytes", "bpe")
     _require(
-        cfg.data.tokenizer in tokenizers, f"data.tokenizer={cfg.data.tokenizer!r}: use one of {', '.join(tokenizers)}"
+        cfg.data.tokenizer in tokenizers,
+        f"data.tokenizer={cfg.data.tokenizer!r}: use one of {', '.join(tokenizers)}",
     )
     _require(
         261 <= cfg.data.vocab_size <= 65536,

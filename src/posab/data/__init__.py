@@ -1,8 +1,11 @@
-"""Data: corpora, the byte tokenizer with anchors, cached token streams and batches."""
+"""Data: corpora, the byte or BPE tokenizer with anchors, cached token streams and batches."""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,10 +13,12 @@ from typing import Any
 import numpy as np
 
 from posab.config import DataConfig
+from posab.data.bpe import TOKENIZER_FILE, BPETokenizer
 from posab.data.corpora import corpus_identity, load_documents
 from posab.data.passkey import filler_length, passkey_batch
 from posab.data.streams import Batch, TokenStream, cache_key, encode_splits, load_cached, write_cache
-from posab.data.tokenizer import ByteTokenizer
+from posab.data.tokenizer import ByteTokenizer, Encoded, Tokenizer
+from posab.errors import ConfigError
 
 __all__ = ["Batch", "CorpusData", "TokenStream", "TrainSampler", "prepare_data"]
 
@@ -22,7 +27,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CorpusData:
-    tokenizer: ByteTokenizer
+    tokenizer: Tokenizer
     streams: dict[str, TokenStream]
     cache_dir: Path
 
@@ -32,17 +37,71 @@ class CorpusData:
 
 
 def prepare_data(cfg: DataConfig) -> CorpusData:
-    """Tokenize the corpus once and memory-map it from the cache afterwards."""
-    tokenizer = ByteTokenizer(anchors=cfg.anchors)
+    """Tokenize the corpus once and memory-map it from the cache afterwards.
+
+    With `data.tokenizer=bpe` a BPE is trained on the training split first; it is saved in the cache
+    folder with the streams it encoded, and loaded from there.
+    """
     identity = corpus_identity(cfg)
-    folder = Path(cfg.cache_dir).expanduser() / f"tokens-{cache_key(identity, tokenizer)}"
+    folder = Path(cfg.cache_dir).expanduser() / f"tokens-{cache_key(identity, tokenizer_settings(cfg))}"
     streams = load_cached(folder)
     if streams is None:
         log.info("tokenizing corpus into %s", folder)
-        write_cache(folder, encode_splits(load_documents(cfg), tokenizer), identity)
+        docs = load_documents(cfg)
+        tokenizer = build_tokenizer(cfg, docs["train"])
+        publish(folder, encode_splits(docs, tokenizer), identity, tokenizer)
         streams = load_cached(folder)
         assert streams is not None
-    return CorpusData(tokenizer=tokenizer, streams=streams, cache_dir=folder)
+    return CorpusData(tokenizer=load_tokenizer(cfg, folder), streams=streams, cache_dir=folder)
+
+
+def tokenizer_settings(cfg: DataConfig) -> dict[str, Any]:
+    """What the token streams depend on besides the corpus, for the cache key."""
+    if cfg.tokenizer == "bytes":
+        return {"tokenizer": "bytes", "anchors": cfg.anchors}
+    if cfg.tokenizer == "bpe":
+        return {"tokenizer": "bpe", "anchors": cfg.anchors, "vocab_size": cfg.vocab_size}
+    raise ConfigError(f"data.tokenizer={cfg.tokenizer!r}: use bytes or bpe")
+
+
+def build_tokenizer(cfg: DataConfig, train_docs: list[str]) -> Tokenizer:
+    """The byte tokenizer, or a BPE trained on the training documents."""
+    if cfg.tokenizer == "bytes":
+        return ByteTokenizer(anchors=cfg.anchors)
+    log.info("training a byte-level BPE of %d ids on %d documents", cfg.vocab_size, len(train_docs))
+    tokenizer = BPETokenizer.train(train_docs, cfg.vocab_size, cfg.anchors)
+    log.info("the BPE has %d ids", tokenizer.vocab_size)
+    return tokenizer
+
+
+def load_tokenizer(cfg: DataConfig, folder: Path) -> Tokenizer:
+    """The tokenizer of the streams cached in `folder`."""
+    if cfg.tokenizer == "bytes":
+        return ByteTokenizer(anchors=cfg.anchors)
+    return BPETokenizer.load(folder / TOKENIZER_FILE, cfg.anchors)
+
+
+def publish(
+    folder: Path, encoded: dict[str, Encoded], identity: dict[str, Any], tokenizer: Tokenizer
+) -> None:
+    """Cache the streams in `folder`; a BPE tokenizer goes with them, in one atomic rename.
+
+    When another process has published `folder` first, its cache is kept (and ours dropped).
+    """
+    if not isinstance(tokenizer, BPETokenizer):
+        write_cache(folder, encoded, identity)
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".bpe"))
+    try:
+        write_cache(staging / "cache", encoded, identity)
+        tokenizer.save(staging / "cache" / TOKENIZER_FILE)
+        os.replace(staging / "cache", folder)
+    except OSError:
+        if not (folder / "meta.json").exists():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 class TrainSampler:

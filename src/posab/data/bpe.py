@@ -30,7 +30,11 @@ SPECIAL_TOKENS = list(SPECIAL_NAMES.values())  # <bos>, <eos>, <para>, <sent>: i
 
 def byte_chars() -> list[str]:
     """The printable character that `ByteLevel` uses for each byte (GPT-2's table), indexed by byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     others = iter(range(256, 512))
     return [chr(b) if b in printable else chr(next(others)) for b in range(256)]
 
@@ -46,8 +50,9 @@ def sentences(text: str) -> tuple[list[str], np.ndarray, np.ndarray]:
     """
     data = text.encode("utf-8")
     para_starts, sent_starts = segment(data)
-    ends = [*sent_starts[1:].tolist(), len(data)]
-    return [data[a:b].decode("utf-8") for a, b in zip(sent_starts.tolist(), ends)], sent_starts, para_starts
+    bounds = [*sent_starts.tolist(), len(data)]
+    pieces = [data[a:b].decode("utf-8") for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return pieces, sent_starts, para_starts
 
 
 def renumbered(hf: Tokenizer) -> Tokenizer:
@@ -97,7 +102,9 @@ class BPETokenizer:
     @classmethod
     def load(cls, path: Path, anchors: bool = True) -> BPETokenizer:
         if not path.is_file():
-            raise ConfigError(f"the BPE tokenizer {path} is missing; delete {path.parent} to rebuild the cache")
+            raise ConfigError(
+                f"the BPE tokenizer {path} is missing; delete {path.parent} to rebuild the cache"
+            )
         return cls(Tokenizer.from_file(str(path)), anchors)
 
     def save(self, path: Path) -> None:

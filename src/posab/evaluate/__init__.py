@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from posab.evaluate.attention_analysis import analysis_eval
 from posab.evaluate.context import EvalContext
 from posab.evaluate.needle import needle_eval
 from posab.evaluate.perplexity import perplexity_eval
@@ -22,6 +23,7 @@ def evaluators(ctx: EvalContext) -> dict[str, Evaluator]:
         "perplexity": (ctx.cfg.perplexity.enabled, perplexity_eval),
         "needle": (ctx.cfg.needle.enabled, needle_eval),
         "shift": (ctx.cfg.shift.enabled, shift_eval),
+        "analysis": (ctx.cfg.analysis.enabled, analysis_eval),
     }
     return {name: fn for name, (enabled, fn) in switched.items() if enabled}
 

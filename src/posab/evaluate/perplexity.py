@@ -5,6 +5,12 @@ for every run (`TokenStream.fixed_windows`: evenly spread over the split, max(1,
 them unless `windows` is set); each window is scored from its own start (no context carried over);
 perplexity = exp(total loss / total scored tokens). Per-position loss: the mean loss at each position of
 the window over all windows, averaged in `position_bins` equal-width bins.
+
+RoPE models (`isinstance(model.encoding, RoPE)`), at each length L past the training length: the same
+windows are scored again under each context-extension method of `eval.rope_scaling` (`pi`, `ntk`, `yarn`;
+see `posab.encodings.rope`) at scale factor s = L / train_len (or `eval.rope_scaling_factor`), as
+`loss@KIND/L`, `ppl@KIND/L` and `position_loss@KIND/L`. `none` is the plain `ppl/L` rows. At L <= train_len
+no scaling applies (every method would equal `none`), so those rows are left out.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
+from posab.encodings.rope import RoPE
 from posab.evaluate.context import EvalContext
 
 
@@ -63,6 +70,32 @@ def sliding_loss(ctx: EvalContext, length: int, stride: int, span: int) -> float
     return total / count
 
 
+def loss_rows(losses: Tensor, suffix: str, bins: int) -> dict[str, Any]:
+    """(N, L) per-token losses -> `loss{suffix}`, `ppl{suffix}`, `position_loss{suffix}`."""
+    mean = float(losses.mean())
+    return {
+        f"loss{suffix}": mean,
+        f"ppl{suffix}": math.exp(mean),
+        f"position_loss{suffix}": binned(losses.mean(dim=0), bins),
+    }
+
+
+def scaled_losses(ctx: EvalContext, starts: np.ndarray, length: int) -> dict[str, Tensor]:
+    """Per-token losses (N, L) of the windows under each RoPE scaling of `eval.rope_scaling` but `none`;
+    empty for other encodings and at lengths up to the training length."""
+    rope = ctx.model.encoding
+    if not isinstance(rope, RoPE) or length <= ctx.train_len:
+        return {}
+    fixed = ctx.cfg.rope_scaling_factor
+    factor = length / ctx.train_len if fixed is None else fixed
+    out: dict[str, Tensor] = {}
+    for kind in ctx.cfg.rope_scaling:
+        if kind != "none":
+            with rope.scaled(kind, factor, ctx.train_len):
+                out[kind] = token_losses(ctx, starts, length)
+    return out
+
+
 def perplexity_eval(ctx: EvalContext) -> dict[str, Any]:
     p = ctx.cfg.perplexity
     out: dict[str, Any] = {}
@@ -70,13 +103,11 @@ def perplexity_eval(ctx: EvalContext) -> dict[str, Any]:
         started = time.perf_counter()
         count = window_count(ctx, length)
         starts = ctx.valid.fixed_windows(length, count)
-        losses = token_losses(ctx, starts, length)  # (N, L)
-        mean = float(losses.mean())
-        out[f"loss/{length}"] = mean
-        out[f"ppl/{length}"] = math.exp(mean)
+        out.update(loss_rows(token_losses(ctx, starts, length), f"/{length}", p.position_bins))  # (N, L)
         out[f"ppl_windows/{length}"] = len(starts)
-        out[f"position_loss/{length}"] = binned(losses.mean(dim=0), p.position_bins)
         if p.stride is not None:
             out[f"ppl_sliding/{length}"] = math.exp(sliding_loss(ctx, length, p.stride, count * length))
         out[f"time/ppl@{length}_s"] = round(time.perf_counter() - started, 3)
+        for kind, losses in scaled_losses(ctx, starts, length).items():
+            out.update(loss_rows(losses, f"@{kind}/{length}", p.position_bins))
     return out
