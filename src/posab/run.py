@@ -139,6 +139,8 @@ RESUME_KEYS = (
     "data.source",
     "data.anchors",
     "data.synthetic",
+    "data.tokenizer",
+    "data.vocab_size",
     "train.seq_len",
     "train.batch_size",
     "train.grad_accum",

@@ -114,7 +114,7 @@ class TrainSampler:
     def __init__(
         self,
         stream: TokenStream,
-        tokenizer: ByteTokenizer,
+        tokenizer: Tokenizer,
         seq_len: int,
         batch_size: int,
         seed: int,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from posab.data.streams import Batch, TokenStream
-from posab.data.tokenizer import ByteTokenizer, Encoded, concatenate
+from posab.data.tokenizer import Encoded, Tokenizer, concatenate
 from posab.errors import ConfigError
 
 PARAGRAPH_GAP = "\n\n"
@@ -70,13 +70,13 @@ def end_paragraph(parts: list[Encoded]) -> list[Encoded]:
     return [*kept, gap_after(last)]
 
 
-def encode_paragraph(tokenizer: ByteTokenizer, template: str, key: str) -> Encoded:
+def encode_paragraph(tokenizer: Tokenizer, template: str, key: str) -> Encoded:
     """`template` with the key filled in, encoded as a paragraph of its own (int64 arrays)."""
     enc = tokenizer.encode(template.format(key=key), document=False)
     return Encoded(*(a.astype(np.int64) for a in (enc.tokens, enc.sentence, enc.paragraph)))
 
 
-def filler_length(tokenizer: ByteTokenizer, length: int, key_digits: int) -> int:
+def filler_length(tokenizer: Tokenizer, length: int, key_digits: int) -> int:
     """Filler tokens in an example of `length` tokens; ConfigError when not even one fits."""
     key = "1" * key_digits
     needle, query = (len(encode_paragraph(tokenizer, t, key)) for t in (NEEDLE, QUERY))
@@ -110,7 +110,7 @@ def filler_slice(stream: TokenStream, start: int, stop: int) -> Encoded:
 
 def make_passkey_example(
     stream: TokenStream,
-    tokenizer: ByteTokenizer,
+    tokenizer: Tokenizer,
     length: int,
     depth: float,
     rng: np.random.Generator,
@@ -146,7 +146,7 @@ def examples_batch(examples: list[PasskeyExample]) -> Batch:
 
 def passkey_batch(
     stream: TokenStream,
-    tokenizer: ByteTokenizer,
+    tokenizer: Tokenizer,
     count: int,
     length: int,
     rng: np.random.Generator,

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from posab.data.tokenizer import ByteTokenizer, Encoded, concatenate
+from posab.data.tokenizer import Encoded, Tokenizer, concatenate
 from posab.errors import ConfigError
 
 CACHE_FORMAT = 1
@@ -139,5 +139,5 @@ def write_cache(folder: Path, encoded: dict[str, Encoded], identity: dict[str, A
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def encode_splits(docs: dict[str, list[str]], tokenizer: ByteTokenizer) -> dict[str, Encoded]:
+def encode_splits(docs: dict[str, list[str]], tokenizer: Tokenizer) -> dict[str, Encoded]:
     return {split: concatenate([tokenizer.encode(doc) for doc in texts]) for split, texts in docs.items()}

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from posab.config import EvalConfig
 from posab.data import TokenStream
-from posab.data.tokenizer import ByteTokenizer
+from posab.data.tokenizer import Tokenizer
 from posab.model import DecoderLM
 from posab.train import autocast
 
@@ -17,7 +17,7 @@ from posab.train import autocast
 @dataclass
 class EvalContext:
     model: DecoderLM
-    tokenizer: ByteTokenizer
+    tokenizer: Tokenizer
     valid: TokenStream
     device: torch.device
     dtype: torch.dtype | None  # autocast dtype, None for fp32
