@@ -34,6 +34,7 @@ def parallel_jobs(n_jobs: int) -> int:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def entry(cfg: DictConfig) -> None:
+    init_from_env()  # SLURM tasks of one job (submitit) join here; torchrun ranks already have
     job = job_info()
     try:
         main(cfg, Path(HydraConfig.get().runtime.output_dir), job)

@@ -34,9 +34,21 @@ class World:
 
 
 def world() -> World:
-    """This process's place, from torchrun's environment (rank 0 of 1 without it)."""
+    """This process's place, from torchrun's environment, or SLURM's for a job of several tasks (rank 0
+    of 1 without either)."""
     env = os.environ
+    if "RANK" not in env and int(env.get("SLURM_NTASKS", 1)) > 1:
+        return World(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)))
     return World(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+
+
+def export_slurm_rank(w: World) -> None:
+    """The variables `init_process_group` reads, for SLURM tasks (single node unless MASTER_ADDR is set)."""
+    os.environ.setdefault("RANK", str(w.rank))
+    os.environ.setdefault("WORLD_SIZE", str(w.size))
+    os.environ.setdefault("LOCAL_RANK", str(w.local_rank))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", 0)) % 20000))
 
 
 def init_from_env() -> World:
@@ -44,6 +56,7 @@ def init_from_env() -> World:
     w = world()
     if not w.distributed or dist.is_initialized():
         return w
+    export_slurm_rank(w)
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend=backend)
     atexit.register(dist.destroy_process_group)
