@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import tiny_model, typed_config
+from posab.attention import scaled_attention
 from posab.config import AnalysisConfig, DataConfig, EvalConfig, SyntheticConfig
 from posab.data import CorpusData, prepare_data
 from posab.errors import ConfigError
@@ -70,7 +71,7 @@ def test_recomputed_probabilities_reproduce_the_attention_output(encoding: str) 
     hook.remove()
     assert len(captured) == len(model.blocks)
     q, k, v = queries_keys_values(model.blocks[1].attn, captured[1])
-    p = probabilities(q, k, captured[1].mask, 0, 40)  # (B, H, T, T)
+    p = probabilities(q, k, captured[1].mask, captured[1].scale, 0, 40)  # (B, H, T, T)
     torch.testing.assert_close(p.sum(-1), torch.ones(2, 2, 40))
     assert torch.all(p.triu(1) == 0)  # causal
     y = (p @ v).transpose(1, 2).reshape(2, 40, -1)  # (B, H, T, D) -> (B, T, C)
@@ -81,8 +82,18 @@ def test_recomputed_probabilities_reproduce_the_attention_output(encoding: str) 
 def test_chunked_statistics_equal_one_pass() -> None:
     q, k = torch.randn(2, 1, 3, 50, 8, generator=torch.Generator().manual_seed(3))  # 2 x (B, H, T, D)
     mask = torch.randn(1, 3, 50, 50) + torch.full((50, 50), float("-inf")).triu(1)  # (1, H, T, T)
-    for m in (None, mask):
-        torch.testing.assert_close(head_statistics(q, k, m, chunk=7), head_statistics(q, k, m, chunk=50))
+    scale = torch.rand(1, 3, 50, 50) + 0.5  # (1, H, T, T)
+    for m, s in ((None, None), (mask, None), (None, scale), (mask, scale)):
+        one_pass = head_statistics(q, k, m, s, chunk=50)
+        torch.testing.assert_close(head_statistics(q, k, m, s, chunk=7), one_pass)
+
+
+def test_probabilities_follow_the_score_scale() -> None:
+    q, k, v = torch.randn(3, 2, 2, 30, 8, generator=torch.Generator().manual_seed(4))  # 3 x (B, H, T, D)
+    mask = torch.randn(1, 2, 30, 30) + torch.full((30, 30), float("-inf")).triu(1)  # (1, H, T, T)
+    scale = torch.rand(1, 2, 30, 30) + 0.5  # (1, H, T, T)
+    expected = scaled_attention(q, k, v, mask, scale, 0.0)  # (B, H, T, D)
+    torch.testing.assert_close(probabilities(q, k, mask, scale, 0, 30) @ v, expected)
 
 
 def test_uniform_attention_gives_the_closed_forms() -> None:

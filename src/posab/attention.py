@@ -34,13 +34,23 @@ def causal_mask(length: int, device: torch.device) -> Tensor:
 
 
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float = 0.0, backend: str = "sdpa"
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout: float = 0.0,
+    backend: str = "sdpa",
+    scale: Tensor | None = None,
 ) -> Tensor:
     """q, k, v: (B, H, T, D); mask: (1|B, H, T, T) additive, causal part included, or None -> (B, H, T, D).
 
     backend `flex` runs FlexAttention (compiled) where it can: on a GPU, and on the CPU without gradients
-    (PyTorch has no FlexAttention backward on the CPU); everything else takes the SDPA paths.
+    (PyTorch has no FlexAttention backward on the CPU); everything else takes the SDPA paths. `scale`
+    (1|B, H, T, T) multiplies q.k / sqrt(d) before the mask is added (form (2) of the design note): no
+    fused kernel does that, so it takes an explicit softmax.
     """
+    if scale is not None:
+        return scaled_attention(q, k, v, mask, scale, dropout)
     if backend == "flex" and dropout == 0.0 and (q.device.type == "cuda" or not torch.is_grad_enabled()):
         return flex(q, k, v, mask)
     if mask is None:
@@ -48,6 +58,17 @@ def attention(
     if mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu" and dropout == 0.0:
         return BiasedAttention.apply(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+
+
+def scaled_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: Tensor, dropout: float
+) -> Tensor:
+    """softmax(q k^T / sqrt(d) * scale + mask) v, in float32 for the softmax -> (B, H, T, D)."""
+    additive = mask if mask is not None else causal_mask(q.shape[-2], q.device)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])  # (B, H, T, T)
+    weights = torch.softmax(scores * scale + additive, dim=-1)
+    weights = F.dropout(weights, dropout) if dropout else weights
+    return torch.matmul(weights.to(v.dtype), v)
 
 
 @functools.cache

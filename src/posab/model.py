@@ -40,12 +40,15 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.backend = cfg.attention
 
-    def forward(self, x: Tensor, encoding: Encoding, pos: Positions, mask: Tensor | None) -> Tensor:
+    def forward(
+        self, x: Tensor, encoding: Encoding, pos: Positions, mask: Tensor | None, scale: Tensor | None = None
+    ) -> Tensor:
         b, t, c = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.n_heads, c // self.n_heads)  # (B, T, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, D)
         q, k = encoding.rotate(q, k, pos)
-        y = attention(q, k, v, mask, self.dropout if self.training else 0.0, self.backend)  # (B, H, T, D)
+        dropout = self.dropout if self.training else 0.0
+        y = attention(q, k, v, mask, dropout, self.backend, scale)  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))  # (B, H, T, D) -> (B, T, C)
 
 
@@ -68,8 +71,10 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, encoding: Encoding, pos: Positions, mask: Tensor | None) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), encoding, pos, mask))
+    def forward(
+        self, x: Tensor, encoding: Encoding, pos: Positions, mask: Tensor | None, scale: Tensor | None = None
+    ) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), encoding, pos, mask, scale))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -109,8 +114,9 @@ class DecoderLM(nn.Module):
         pos = Positions.build(t, tokens.device, offset, sentence, paragraph)
         x = self.encoding.embed(self.embed(tokens), pos)  # (B, T, C)
         mask = self._mask(pos, attention_dtype(x))
+        scale = self.encoding.score_scale(pos)  # (1|B, H, T, T) or, for most encodings, None
         for block in self.blocks:
-            x = block(x, self.encoding, pos, mask)
+            x = block(x, self.encoding, pos, mask, scale)
         return self.head(self.norm(x))
 
     def _mask(self, pos: Positions, dtype: torch.dtype) -> Tensor | None:

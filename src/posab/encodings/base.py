@@ -1,7 +1,8 @@
 """The one interface the model calls, whatever encoding it holds.
 
-An encoding may add to the token embeddings (`embed`), rotate queries and keys (`rotate`) and/or return
-an additive attention bias (`bias`). All three are no-ops by default. Everything an encoding needs about
+An encoding may add to the token embeddings (`embed`), rotate queries and keys (`rotate`), return an
+additive attention bias (`bias`) and/or a multiplicative factor on the attention scores (`score_scale`).
+All are no-ops by default. Everything an encoding needs about
 positions arrives in one `Positions` value.
 """
 
@@ -82,6 +83,10 @@ class Encoding(nn.Module):
 
     def bias(self, pos: Positions) -> Tensor | None:
         """Additive attention bias (1 or B, H, T, T) with [.., i, j] for query i and key j, or None."""
+        return None
+
+    def score_scale(self, pos: Positions) -> Tensor | None:
+        """Multiplicative factor (1 or B, H, T, T) on q.k / sqrt(d) before the bias, or None (form (2))."""
         return None
 
 

@@ -1,9 +1,18 @@
-"""Multi-scale relative bias (the design note, section 5.1).
+"""Multi-scale relative bias (the design note, section 5.1), with the design space of its section 3.3.
 
 score(i, j) = q_i.k_j / sqrt(d) + b(i - j),  b(d) = MLP([sin(d / tau_k), cos(d / tau_k)]_k),
 tau_k = exp(linspace(0, ln L_max, K)); one MLP shared by all positions, one output per head. Values are
 untouched. The MLP runs on the 2L-1 distinct distances only, then the (H, 2L-1) table is gathered into an
 (H, L, L) Toeplitz matrix: never on all L^2 pairs.
+
+Options (the note's defaults first):
+- `spacing`: `log` (tau_k log-spaced, the note) or `linear` (tau_k = linspace(1, L_max, K));
+- `input`: `raw` (d itself, the note), `log` (sign(d) ln(1 + |d|), rescaled so that d = L_max maps to L_max:
+  the input grows slowly past the training length), or `fire` (FIRE-style, Li et al. 2023:
+  u = ln(1 + d) / ln(1 + max(i, L_train)) * L_max for j <= i, bounded at any length; it depends on the
+  query position i beyond the training length, so it is not offset-invariant there);
+- `form`: `additive` (form (1): + b(d)) or `multiplicative` (form (2): q.k * g(d) / sqrt(d) + b(d), with
+  g(d) = 1 + MLP_g(...) from its own multi-scale MLP, initialised to g = 1).
 """
 
 import math
@@ -14,18 +23,35 @@ from torch import Tensor, nn
 from posab.encodings.base import Dims, Encoding, Positions, distances, toeplitz
 from posab.errors import ConfigError
 
+SPACINGS = ("log", "linear")
+INPUTS = ("raw", "log", "fire")
+FORMS = ("additive", "multiplicative")
+CHUNK = 1 << 20  # distinct inputs per MLP call when they are many (fire input beyond the training length)
+
 
 class DistanceMLP(nn.Module):
     """b(d) = MLP([sin(d / tau_k), cos(d / tau_k)]): (N,) distances -> (H, N) per-head bias."""
 
-    def __init__(self, n_heads: int, num_freqs: int = 16, max_dist: float = 4096.0, hidden: int = 64) -> None:
+    def __init__(
+        self,
+        n_heads: int,
+        num_freqs: int = 16,
+        max_dist: float = 4096.0,
+        hidden: int = 64,
+        spacing: str = "log",
+    ) -> None:
         super().__init__()
         if num_freqs < 1 or max_dist < 1 or hidden < 1:
             raise ConfigError(
                 f"multi-scale bias needs num_freqs >= 1, max_dist >= 1 and hidden >= 1; "
                 f"got num_freqs={num_freqs}, max_dist={max_dist}, hidden={hidden}"
             )
-        taus = torch.exp(torch.linspace(0.0, math.log(max_dist), num_freqs))  # (K,)
+        if spacing not in SPACINGS:
+            raise ConfigError(f"multi-scale spacing={spacing!r}: use one of {list(SPACINGS)}")
+        if spacing == "log":
+            taus = torch.exp(torch.linspace(0.0, math.log(max_dist), num_freqs))  # (K,)
+        else:
+            taus = torch.linspace(1.0, max_dist, num_freqs)  # (K,)
         self.register_buffer("taus", taus, persistent=False)
         self.mlp = nn.Sequential(nn.Linear(2 * num_freqs, hidden), nn.GELU(), nn.Linear(hidden, n_heads))
 
@@ -42,11 +68,62 @@ class MultiScale(Encoding):
     relative_only = True
     static_bias = True
 
-    def __init__(self, dims: Dims, num_freqs: int = 16, max_dist: float = 4096.0, hidden: int = 64) -> None:
+    def __init__(
+        self,
+        dims: Dims,
+        num_freqs: int = 16,
+        max_dist: float = 4096.0,
+        hidden: int = 64,
+        spacing: str = "log",
+        input: str = "raw",
+        form: str = "additive",
+    ) -> None:
         super().__init__(dims)
-        self.distance_mlp = DistanceMLP(dims.n_heads, num_freqs, max_dist, hidden)
+        if input not in INPUTS:
+            raise ConfigError(f"multiscale input={input!r}: use one of {list(INPUTS)}")
+        if form not in FORMS:
+            raise ConfigError(f"multiscale form={form!r}: use one of {list(FORMS)}")
+        self.input, self.max_dist, self.train_len = input, max_dist, dims.train_len
+        self.relative_only = self.static_bias = input != "fire"
+        self.distance_mlp = DistanceMLP(dims.n_heads, num_freqs, max_dist, hidden, spacing)
+        self.gate_mlp = (
+            DistanceMLP(dims.n_heads, num_freqs, max_dist, hidden, spacing) if form == FORMS[1] else None
+        )
+        if self.gate_mlp is not None:
+            nn.init.zeros_(self.gate_mlp.mlp[-1].weight)  # g(d) = 1 at the start
+            nn.init.zeros_(self.gate_mlp.mlp[-1].bias)
 
     def bias(self, pos: Positions) -> Tensor:
-        device = self.distance_mlp.taus.device
-        table = self.distance_mlp(distances(pos.length, device))  # (H, 2L-1)
-        return toeplitz(table, pos.length)[None]  # (1, H, L, L)
+        return self._pairwise(self.distance_mlp, pos)
+
+    def score_scale(self, pos: Positions) -> Tensor | None:
+        if self.gate_mlp is None:
+            return None
+        return 1.0 + self._pairwise(self.gate_mlp, pos)
+
+    def _pairwise(self, mlp: DistanceMLP, pos: Positions) -> Tensor:
+        """(1, H, L, L): from the 2L-1 distances, or from the distinct FIRE inputs."""
+        if self.input == "fire" and int(pos.token.max()) >= self.train_len:
+            return self._query_normalised(mlp, pos)[None]
+        d = distances(pos.length, mlp.taus.device)  # (2L-1,)
+        return toeplitz(mlp(self._transform(d)), pos.length)[None]
+
+    def _transform(self, d: Tensor) -> Tensor:
+        """The MLP's input for distances d, while the FIRE normaliser is the same for every query."""
+        scale = self.max_dist / math.log1p(self.max_dist)
+        if self.input == "log":
+            return d.sign() * torch.log1p(d.abs()) * scale
+        if self.input == "fire":
+            return torch.log1p(d.clamp_min(0)) / math.log1p(self.train_len) * self.max_dist
+        return d
+
+    def _query_normalised(self, mlp: DistanceMLP, pos: Positions) -> Tensor:
+        """FIRE input past the training length: the MLP on the distinct (query, distance) inputs.
+
+        Returns (H, L, L)."""
+        i = pos.token.float()
+        d = (i[:, None] - i[None, :]).clamp_min(0)  # (L, L)
+        normaliser = torch.log1p(i.clamp_min(self.train_len))[:, None]  # (L, 1)
+        values, inverse = torch.unique(torch.log1p(d) / normaliser * self.max_dist, return_inverse=True)
+        table = torch.cat([mlp(chunk) for chunk in values.split(CHUNK)], dim=1)  # (H, N)
+        return table[:, inverse]  # (H, L, L)

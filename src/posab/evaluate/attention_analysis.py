@@ -3,9 +3,10 @@
 Protocol: at each length L (`eval.analysis.lengths`, or `eval.lengths`), `eval.analysis.windows` fixed
 validation windows (spread over the split like the perplexity windows), one at a time. One forward pass
 per window, with a forward pre-hook on every layer's attention module that records its inputs
-(x, encoding, pos, mask); the model itself is untouched. Then, one layer at a time and in float32, q and k
-are recomputed with the module's own `qkv` weights and `encoding.rotate`, and the probabilities
-p = softmax(q k^T / sqrt(D) + mask) (the causal mask when mask is None), over chunks of queries. Per head:
+(x, encoding, pos, mask, and the encoding's score scale where the model passes one); the model itself is
+untouched. Then, one layer at a time and in float32, q and k are recomputed with the module's own `qkv`
+weights and `encoding.rotate`, and the probabilities p = softmax(q k^T / sqrt(D) * scale + mask) (scale 1
+when there is none, the causal mask when mask is None), over chunks of queries. Per head:
 
     entropy   H_i = -sum_j p_ij ln p_ij   (nats; 0 <= H_i <= ln(i + 1))
     distance  d_i = sum_j p_ij (i - j)    (tokens; 0 <= d_i <= i)
@@ -47,6 +48,7 @@ class AttentionInputs:
     encoding: Encoding
     pos: Positions
     mask: Tensor | None  # (1|B, H, T, T) additive, causal part included, or None (causal only)
+    scale: Tensor | None = None  # (1|B, H, T, T) multiplies q.k / sqrt(D) before the mask, or None
 
 
 @contextmanager
@@ -76,9 +78,13 @@ def queries_keys_values(attn: CausalSelfAttention, inputs: AttentionInputs) -> t
     return q, k, v
 
 
-def probabilities(q: Tensor, k: Tensor, mask: Tensor | None, start: int, end: int) -> Tensor:
+def probabilities(
+    q: Tensor, k: Tensor, mask: Tensor | None, scale: Tensor | None, start: int, end: int
+) -> Tensor:
     """Probabilities of queries start:end over keys 0:end (later keys are masked anyway): (B, H, c, end)."""
     scores = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, c, end)
+    if scale is not None:
+        scores = scores * scale[..., start:end, :end].float()  # (1|B, H, c, end)
     if mask is None:  # -inf where key j > query i = start + row
         bias = torch.full((end - start, end), float("-inf"), device=q.device).triu(start + 1)  # (c, end)
     else:
@@ -86,13 +92,15 @@ def probabilities(q: Tensor, k: Tensor, mask: Tensor | None, start: int, end: in
     return torch.softmax(scores + bias, dim=-1)
 
 
-def head_statistics(q: Tensor, k: Tensor, mask: Tensor | None, chunk: int = QUERY_CHUNK) -> Tensor:
+def head_statistics(
+    q: Tensor, k: Tensor, mask: Tensor | None, scale: Tensor | None = None, chunk: int = QUERY_CHUNK
+) -> Tensor:
     """Mean entropy and mean attended distance over batch rows and queries, per head: (2, H) float64."""
     b, h, t, _ = q.shape
     totals = torch.zeros(2, h, dtype=torch.float64, device=q.device)
     for start in range(0, t, chunk):
         end = min(t, start + chunk)
-        p = probabilities(q, k, mask, start, end)  # (B, H, c, end)
+        p = probabilities(q, k, mask, scale, start, end)  # (B, H, c, end)
         queries = torch.arange(start, end, device=q.device)
         gaps = (queries[:, None] - torch.arange(end, device=q.device)[None, :]).float()  # (c, end): i - j
         totals[0] += torch.special.entr(p).sum((0, 2, 3)).double()
@@ -109,7 +117,7 @@ def window_statistics(ctx: EvalContext, start: int, length: int) -> Tensor:
     layers = []
     for block, inputs in zip(ctx.model.blocks, captured, strict=True):
         q, k, _ = queries_keys_values(block.attn, inputs)
-        layers.append(head_statistics(q, k, inputs.mask).cpu())  # (2, H)
+        layers.append(head_statistics(q, k, inputs.mask, inputs.scale).cpu())  # (2, H)
     return torch.stack(layers, dim=1)  # (2, layers, H)
 
 
