@@ -15,6 +15,7 @@ from posab.data import CorpusData, prepare_data
 from posab.errors import ConfigError
 from posab.evaluate import evaluators
 from posab.evaluate.attention_analysis import (
+    AttentionInputs,
     analysis_eval,
     attention_plot,
     captured_inputs,
@@ -23,6 +24,7 @@ from posab.evaluate.attention_analysis import (
     queries_keys_values,
 )
 from posab.evaluate.context import EvalContext
+from posab.model import DecoderLM
 
 LENGTHS = [32, 64]
 
@@ -60,8 +62,8 @@ def test_keys_and_ranges(corpus: CorpusData, encoding: str) -> None:
         assert results[f"time/attn@{length}_s"] >= 0
 
 
-def test_recomputed_probabilities_reproduce_the_attention_output(encoding: str) -> None:
-    model = tiny_model(encoding)
+def recomputed_and_actual(model: DecoderLM) -> tuple[torch.Tensor, torch.Tensor, AttentionInputs]:
+    """Layer 1's recomputed probabilities (B, H, T, T), its actual output before `proj`, and its inputs."""
     tokens = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(0))
     structure = torch.arange(40).repeat(2, 1) // 10  # (B, T) sentence and paragraph indices
     outputs: list[torch.Tensor] = []
@@ -70,28 +72,50 @@ def test_recomputed_probabilities_reproduce_the_attention_output(encoding: str) 
         model(tokens, structure, structure // 2, offset=7)
     hook.remove()
     assert len(captured) == len(model.blocks)
+    assert all(not block.attn._forward_pre_hooks for block in model.blocks)  # hooks removed
     q, k, v = queries_keys_values(model.blocks[1].attn, captured[1])
     p = probabilities(q, k, captured[1].mask, captured[1].scale, 0, 40)  # (B, H, T, T)
+    return p, outputs[0], captured[1]
+
+
+def applied(p: torch.Tensor, model: DecoderLM, inputs: AttentionInputs) -> torch.Tensor:
+    """p @ v for layer 1, as the module's output before `proj`: (B, T, C)."""
+    _, _, v = queries_keys_values(model.blocks[1].attn, inputs)
+    return (p @ v).transpose(1, 2).reshape(2, 40, -1)  # (B, H, T, D) -> (B, T, C)
+
+
+def test_recomputed_probabilities_reproduce_the_attention_output(encoding: str) -> None:
+    model = tiny_model(encoding)
+    p, actual, inputs = recomputed_and_actual(model)
     torch.testing.assert_close(p.sum(-1), torch.ones(2, 2, 40))
     assert torch.all(p.triu(1) == 0)  # causal
-    y = (p @ v).transpose(1, 2).reshape(2, 40, -1)  # (B, H, T, D) -> (B, T, C)
-    torch.testing.assert_close(y, outputs[0], rtol=1e-4, atol=1e-6)
-    assert all(not block.attn._forward_pre_hooks for block in model.blocks)  # hooks removed
+    torch.testing.assert_close(applied(p, model, inputs), actual, rtol=1e-4, atol=1e-6)
+
+
+def test_recomputed_probabilities_follow_a_score_scale() -> None:
+    model = tiny_model("multiscale", "encoding.form=multiplicative")
+    with torch.no_grad():
+        torch.nn.init.normal_(model.encoding.gate_mlp.mlp[-1].weight)  # type: ignore[union-attr,index]
+    p, actual, inputs = recomputed_and_actual(model)
+    assert inputs.scale is not None and not torch.allclose(inputs.scale, torch.ones(()))
+    torch.testing.assert_close(applied(p, model, inputs), actual, rtol=1e-4, atol=1e-6)
 
 
 def test_chunked_statistics_equal_one_pass() -> None:
-    q, k = torch.randn(2, 1, 3, 50, 8, generator=torch.Generator().manual_seed(3))  # 2 x (B, H, T, D)
-    mask = torch.randn(1, 3, 50, 50) + torch.full((50, 50), float("-inf")).triu(1)  # (1, H, T, T)
-    scale = torch.rand(1, 3, 50, 50) + 0.5  # (1, H, T, T)
+    generator = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 1, 3, 50, 8, generator=generator)  # 2 x (B, H, T, D)
+    mask = torch.randn(1, 3, 50, 50, generator=generator) + torch.full((50, 50), float("-inf")).triu(1)
+    scale = torch.rand(1, 3, 50, 50, generator=generator) + 0.5  # (1, H, T, T)
     for m, s in ((None, None), (mask, None), (None, scale), (mask, scale)):
-        one_pass = head_statistics(q, k, m, s, chunk=50)
-        torch.testing.assert_close(head_statistics(q, k, m, s, chunk=7), one_pass)
+        one_pass = head_statistics(q, k, m, s, chunk=50)  # float32 sums, in float64
+        torch.testing.assert_close(head_statistics(q, k, m, s, chunk=7), one_pass, rtol=1e-5, atol=1e-6)
 
 
 def test_probabilities_follow_the_score_scale() -> None:
-    q, k, v = torch.randn(3, 2, 2, 30, 8, generator=torch.Generator().manual_seed(4))  # 3 x (B, H, T, D)
-    mask = torch.randn(1, 2, 30, 30) + torch.full((30, 30), float("-inf")).triu(1)  # (1, H, T, T)
-    scale = torch.rand(1, 2, 30, 30) + 0.5  # (1, H, T, T)
+    generator = torch.Generator().manual_seed(4)
+    q, k, v = torch.randn(3, 2, 2, 30, 8, generator=generator)  # 3 x (B, H, T, D)
+    mask = torch.randn(1, 2, 30, 30, generator=generator) + torch.full((30, 30), float("-inf")).triu(1)
+    scale = torch.rand(1, 2, 30, 30, generator=generator) + 0.5  # (1, H, T, T)
     expected = scaled_attention(q, k, v, mask, scale, 0.0)  # (B, H, T, D)
     torch.testing.assert_close(probabilities(q, k, mask, scale, 0, 30) @ v, expected)
 

@@ -180,3 +180,26 @@ def test_swept_values_make_rows_and_cells_follow_the_seeds() -> None:
     assert lines[0] == "| encoding, swept values | seeds n | params | tokens/s | val loss |"
     assert lines[2] == "| multiscale, data.anchors=false | 1 | — | — | 3.000 |"
     assert lines[3] == "| multiscale, data.anchors=true | 2 | — | 100 (n=1) | 1.500 ± 0.707 |"
+
+
+def test_rope_scalings_become_rows_of_their_own() -> None:
+    from posab.report import RunRecord, group_rows
+
+    run = RunRecord(
+        name="rope-run",
+        status="finished",
+        error="",
+        encoding="rope",
+        seed=0,
+        study="s",
+        info={},
+        config={"encoding.name": "rope"},
+        metrics={"ppl/64": 5.0, "ppl/128": 9.0, "ppl@pi/128": 7.0, "needle/acc@128": 0.5},
+        series={"position_loss/128": [1.0], "position_loss@pi/128": [0.5]},
+    )
+    rows = {row.label: row for row in group_rows([run])["s"]}
+    assert set(rows) == {"rope", "rope + pi"}
+    assert rows["rope"].values("ppl/128") == [9.0] and rows["rope + pi"].values("ppl/128") == [7.0]
+    assert rows["rope + pi"].values("ppl/64") == [5.0]  # within the training length: unscaled
+    assert rows["rope + pi"].values("needle/acc@128") == [0.5]
+    assert rows["rope + pi"].runs[0].series["position_loss/128"] == [0.5]

@@ -25,7 +25,7 @@ import shutil
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -319,15 +319,45 @@ def study_keys(runs: Sequence[RunRecord]) -> dict[str, list[str]]:
     return {s: swept_keys([r for r in runs if r.study == s and r.finished]) for s in studies}
 
 
+SCALED = re.compile(r"(?:loss|ppl|position_loss)@(\w+)/\d+")
+
+
+def scaled_view(run: RunRecord, kind: str) -> RunRecord:
+    """The run seen through evaluation-time RoPE scaling `kind`: `ppl@kind/L` read as `ppl/L` (and loss,
+    position_loss) where it exists; lengths within the training length keep the unscaled values."""
+
+    def renamed(values: dict[str, Any]) -> dict[str, Any]:
+        plain = {k: v for k, v in values.items() if not SCALED.fullmatch(k)}
+        scaled = {
+            k.replace(f"@{kind}/", "/"): v
+            for k, v in values.items()
+            if SCALED.fullmatch(k) and f"@{kind}/" in k
+        }
+        return {**plain, **scaled}
+
+    return replace(run, metrics=renamed(run.metrics), series=renamed(run.series))
+
+
+def scaling_kinds(run: RunRecord) -> list[str]:
+    """The RoPE scalings a run was evaluated with (`ppl@pi/4096` -> pi), in order of appearance."""
+    keys = [*run.metrics, *run.series]
+    return list(dict.fromkeys(m.group(1) for k in keys if (m := SCALED.fullmatch(k))))
+
+
 def group_rows(runs: Sequence[RunRecord]) -> dict[str, list[Row]]:
-    """Finished runs per study, grouped into rows by encoding and swept values, rows sorted by label."""
+    """Finished runs per study, grouped into rows by encoding and swept values, rows sorted by label.
+
+    A RoPE run evaluated with scalings also gives one row per scaling (`rope + pi`, ...)."""
     table: dict[str, list[Row]] = {}
     for study, keys in study_keys(runs).items():
         rows: dict[str, Row] = {}
         for run in runs:
             if run.study == study and run.finished:
                 label = _label(run, keys)
-                rows.setdefault(label, Row(study, label, [])).runs.append(run)
+                rows.setdefault(label, Row(study, label, [])).runs.append(scaled_view(run, "none"))
+                for kind in scaling_kinds(run):
+                    scaled = f"{label} + {kind}"
+                    rows.setdefault(scaled, Row(study, scaled, [])).runs.append(scaled_view(run, kind))
         if rows:
             table[study] = [rows[k] for k in sorted(rows, key=natural_key)]
     return table

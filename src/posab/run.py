@@ -25,6 +25,7 @@ from posab.distributed import World, barrier, world
 from posab.encodings import Dims, build_encoding
 from posab.errors import ConfigError, Preempted
 from posab.evaluate import EvalContext, run_evaluations
+from posab.evaluate.attention_analysis import attention_plot
 from posab.evaluate.needle import needle_heatmap
 from posab.logging import JsonlLogger, Logger, MultiLogger, NullLogger
 from posab.model import DecoderLM
@@ -344,6 +345,8 @@ def evaluate(ctx: EvalContext, run_dir: Path, logger: Logger, step: int, title: 
     results = run_evaluations(ctx)
     if "needle/grid" in results:
         needle_heatmap(results["needle/grid"], run_dir / "needle_heatmap.png", title)
+    if "attn/grid" in results:
+        attention_plot(results["attn/grid"], run_dir / "attention.png", title)
     logger.log_evaluation(results, step, run_dir)
     return results
 

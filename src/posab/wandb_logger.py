@@ -114,6 +114,26 @@ def needle_media(results: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return media
 
 
+def attention_media(results: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The attention analysis as a table (length, layer, head, entropy, distance) and its plot."""
+    grid = results.get("attn/grid")
+    if not grid:
+        return {}
+    rows = [
+        [length, layer, head, grid["entropy"][i][j][k], grid["distance"][i][j][k]]
+        for i, length in enumerate(grid["lengths"])
+        for j, layer in enumerate(grid["layers"])
+        for k, head in enumerate(grid["heads"])
+    ]
+    media: dict[str, Any] = {
+        "eval/attention": wandb.Table(columns=["length", "layer", "head", "entropy", "distance"], data=rows)
+    }
+    plot = run_dir / "attention.png"
+    if plot.is_file():
+        media["eval/attention_plot"] = wandb.Image(str(plot))
+    return media
+
+
 def shift_media(results: dict[str, Any]) -> dict[str, Any]:
     """The shift metrics as a table: one row per offset or prefix length."""
     cells: dict[tuple[str, int], dict[str, Any]] = {}
@@ -175,6 +195,7 @@ class WandbLogger:
             **position_media(results),
             **needle_media(results, run_dir),
             **shift_media(results),
+            **attention_media(results, run_dir),
         }
         if media:
             self.run.log({**media, STEP: step})

@@ -37,7 +37,7 @@ from posab.encodings import Encoding, Positions
 from posab.evaluate.context import EvalContext
 from posab.model import CausalSelfAttention, DecoderLM
 
-QUERY_CHUNK = 256  # queries per softmax: (B, H, 256, L) float32 at a time
+QUERY_CHUNK = 512  # queries per softmax (default model, L=4096, 2 CPU cores: 3.7 s a window; 256: 6.6 s)
 
 
 @dataclass
