@@ -113,7 +113,7 @@ def test_empty_or_binary_text_is_named(tmp_path: Path, content: bytes) -> None:
     proc = run_train(tiny_args(tmp_path, "data=text", f"data.path={bad}"))
     assert proc.returncode == 2
     line = error_line(proc)
-    assert str(bad) in line and ("no train text" in line or "not UTF-8 text" in line)
+    assert str(bad) in line and ("only empty files" in line or "not UTF-8 text" in line)
 
 
 def test_eval_length_longer_than_the_validation_split(tmp_path: Path) -> None:

@@ -129,7 +129,9 @@ def corpus_name(cfg: Config) -> str:
     d = cfg.data
     if d.source == "text":
         return Path(d.path or "text").name
-    return d.hub_subset or d.hub_dataset or "hub" if d.source == "hub" else "synthetic"
+    if d.source == "hub":
+        return d.hub_subset or d.hub_dataset or "hub"
+    return "synthetic"
 
 
 CHECKPOINTS = {"latest": "checkpoint.pt", "best": "checkpoint_best.pt"}

@@ -113,6 +113,8 @@ def _load_text(cfg: DataConfig) -> dict[str, list[str]]:
     for paths in files.values():
         for p in paths:
             _check_text_file(p)
+    if all(p.stat().st_size == 0 for paths in files.values() for p in paths):
+        raise ConfigError(f"data.path='{cfg.path}' holds only empty files")
     data_files = {split: [str(p) for p in paths] for split, paths in files.items() if paths}
     loaded = datasets.load_dataset(
         "text", data_files=data_files, sample_by="document", keep_linebreaks=True, cache_dir=_hf_cache(cfg)
