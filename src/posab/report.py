@@ -296,17 +296,20 @@ def _ignored(key: str) -> bool:
 
 
 def swept_keys(runs: Sequence[RunRecord]) -> list[str]:
-    """Config keys that differ between these runs (`encoding.*`: between runs of the same encoding)."""
+    """Config keys that differ between these runs (`encoding.*`: between runs of the same encoding).
+
+    A key only some runs have (a setting added to the schema after the others ran) is compared among the
+    runs that have it."""
 
     def scope(run: RunRecord, key: str) -> str:
         return run.encoding if key.startswith("encoding.") else ""
 
+    def differs(key: str) -> bool:
+        having = [r for r in runs if key in r.config]
+        return len({(scope(r, key), r.config[key]) for r in having}) > len({scope(r, key) for r in having})
+
     keys = sorted({k for r in runs for k in r.config if not _ignored(k)}, key=natural_key)
-    return [
-        k
-        for k in keys
-        if len({(scope(r, k), r.config.get(k)) for r in runs}) > len({scope(r, k) for r in runs})
-    ]
+    return [k for k in keys if differs(k)]
 
 
 def _label(run: RunRecord, keys: Sequence[str]) -> str:
