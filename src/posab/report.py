@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cycler import cycler
+from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -483,10 +485,15 @@ def study_table(rows: Sequence[Row]) -> list[str]:
 # -------------------------------------------------------------------------------------------------- plots
 
 
+TAB10 = list(colormaps["tab10"].colors)
+
+
 def _figure(ncols: int = 1, width: float = 7.5) -> tuple[Figure, list[Axes]]:
     fig = Figure(figsize=(width, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, ncols, squeeze=False)[0]
+    for ax in axes:  # 30 distinct line styles: ten colours, solid, then dashed, then dotted
+        ax.set_prop_cycle(cycler(linestyle=["-", "--", ":"]) * cycler(color=TAB10))
     return fig, list(axes)
 
 
