@@ -11,12 +11,17 @@ from posab.errors import ConfigError
 __all__ = ["Dims", "Encoding", "Positions", "build_encoding", "encoding_class"]
 
 
+def encoding_params(spec: dict[str, Any]) -> dict[str, Any]:
+    """The constructor's keyword arguments: the config node less `_target_` and `name`."""
+    return {key: value for key, value in spec.items() if key not in ("_target_", "name")}
+
+
 def encoding_class(spec: dict[str, Any]) -> type[Encoding]:
     """The class an encoding config node names, after checking that it takes every key of the node.
 
     A key the constructor does not take is reported with the keys it does take.
     """
-    params = {key: value for key, value in spec.items() if key not in ("_target_", "name")}
+    params = encoding_params(spec)
     try:
         cls = get_class(spec["_target_"])
     except Exception as err:
@@ -35,5 +40,4 @@ def encoding_class(spec: dict[str, Any]) -> type[Encoding]:
 
 def build_encoding(spec: dict[str, Any], dims: Dims) -> Encoding:
     """Build an encoding from its config node: `_target_` plus the constructor's keyword arguments."""
-    params = {key: value for key, value in spec.items() if key not in ("_target_", "name")}
-    return encoding_class(spec)(dims, **params)
+    return encoding_class(spec)(dims, **encoding_params(spec))
