@@ -13,7 +13,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from posab.config import Config, load_config
+from posab.config import Config, DataConfig, SyntheticConfig, load_config
+from posab.data import CorpusData, prepare_data
 from posab.data.tokenizer import VOCAB_SIZE
 from posab.model import DecoderLM
 from posab.run import build_model
@@ -62,6 +63,15 @@ def run_train(args: list[str], cwd: Path = ROOT, timeout: int = 300) -> subproce
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> CorpusData:
+    """A small synthetic corpus, tokenized once per test session (a test module may define its own)."""
+    synthetic = SyntheticConfig(vocab_size=300, train_docs=3, valid_docs=2, test_docs=1)
+    return prepare_data(
+        DataConfig(cache_dir=str(tmp_path_factory.mktemp("corpus") / "cache"), synthetic=synthetic)
     )
 
 

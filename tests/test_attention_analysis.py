@@ -10,8 +10,8 @@ import torch
 
 from conftest import tiny_model, typed_config
 from posab.attention import scaled_attention
-from posab.config import AnalysisConfig, DataConfig, EvalConfig, SyntheticConfig
-from posab.data import CorpusData, prepare_data
+from posab.config import AnalysisConfig, EvalConfig
+from posab.data import CorpusData
 from posab.errors import ConfigError
 from posab.evaluate import evaluators
 from posab.evaluate.attention_analysis import (
@@ -27,14 +27,6 @@ from posab.evaluate.context import EvalContext
 from posab.model import DecoderLM
 
 LENGTHS = [32, 64]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> CorpusData:
-    synthetic = SyntheticConfig(vocab_size=300, train_docs=3, valid_docs=2, test_docs=1)
-    return prepare_data(
-        DataConfig(cache_dir=str(tmp_path_factory.mktemp("attn") / "cache"), synthetic=synthetic)
-    )
 
 
 def context(corpus: CorpusData, encoding: str, lengths: list[int] = LENGTHS) -> EvalContext:

@@ -10,20 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
-from posab.config import DataConfig, EvalConfig, PerplexityConfig, SyntheticConfig
-from posab.data import CorpusData, prepare_data
+from posab.config import EvalConfig, PerplexityConfig
+from posab.data import CorpusData
 from posab.evaluate.context import EvalContext
 from posab.evaluate.perplexity import binned, perplexity_eval, sliding_loss, token_losses, window_count
 
 LENGTHS = [32, 64, 128]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> CorpusData:
-    synthetic = SyntheticConfig(vocab_size=300, train_docs=3, valid_docs=2, test_docs=1)
-    return prepare_data(
-        DataConfig(cache_dir=str(tmp_path_factory.mktemp("ppl") / "cache"), synthetic=synthetic)
-    )
 
 
 def context(corpus: CorpusData, encoding: str, **perplexity: object) -> EvalContext:

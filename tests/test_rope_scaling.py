@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import tiny_model, typed_config
-from posab.config import DataConfig, EvalConfig, PerplexityConfig, SyntheticConfig
-from posab.data import CorpusData, prepare_data
+from posab.config import EvalConfig, PerplexityConfig
+from posab.data import CorpusData
 from posab.encodings import Dims, Positions
 from posab.encodings.rope import RoPE
 from posab.errors import ConfigError
@@ -149,14 +149,6 @@ def test_bad_scalings() -> None:
     with pytest.raises(ConfigError, match="eval.rope_scaling_factor"):
         typed_config(["eval.rope_scaling_factor=0.5"])
     assert typed_config().eval.rope_scaling == KINDS
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> CorpusData:
-    synthetic = SyntheticConfig(vocab_size=300, train_docs=3, valid_docs=2, test_docs=1)
-    return prepare_data(
-        DataConfig(cache_dir=str(tmp_path_factory.mktemp("rope") / "cache"), synthetic=synthetic)
-    )
 
 
 def context(corpus: CorpusData, encoding: str, **settings: object) -> EvalContext:
