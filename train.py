@@ -39,8 +39,10 @@ def entry(cfg: DictConfig) -> None:
     try:
         main(cfg, Path(HydraConfig.get().runtime.output_dir), job)
     except (ConfigError, TrainingError, Preempted) as err:
-        if job.multirun:  # Hydra records the failure and the sweep goes on
+        if job.multirun and not isinstance(err, Preempted):  # Hydra records the failure; the sweep goes on
             raise
+        # a pre-empted sweep stops as a whole: the same command with hydra.sweep.dir=<its folder>
+        # keeps the finished jobs, resumes this one from its checkpoint and runs the rest
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_CODES[type(err)])
 

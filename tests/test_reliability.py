@@ -149,3 +149,38 @@ def test_an_incompatible_checkpoint_names_the_fields(
     assert proc.returncode == 2
     line = proc.stderr.strip().splitlines()[-1]
     assert "incompatible config" in line and "model.d_model: 32 in the checkpoint, 64 now" in line
+
+
+def sweep_args(sweep: Path, cache: Path) -> list[str]:
+    return ["-m", "+experiment=tiny", "encoding=multiscale,alibi", f"hydra.sweep.dir={sweep}",
+            f"data.cache_dir={cache}", *RESUMABLE]  # fmt: skip
+
+
+def test_a_sweep_rerun_into_its_folder_keeps_its_finished_jobs(tmp_path: Path) -> None:
+    sweep, cache = tmp_path / "sweep", tmp_path / "cache"
+    first = run_train(sweep_args(sweep, cache))
+    assert first.returncode == 0, first.stderr[-2000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    before = {job.name: (job / "results.json").read_text() for job in jobs}
+    again = run_train(sweep_args(sweep, cache))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert {job.name: (job / "results.json").read_text() for job in jobs} == before
+    assert (again.stdout + again.stderr).count("holds a finished run: kept") == 2
+
+
+def test_sigterm_stops_a_sweep_and_its_rerun_resumes_it(tmp_path: Path) -> None:
+    sweep, cache = tmp_path / "sweep", tmp_path / "cache"
+    proc = start_train(sweep_args(sweep, cache))
+    swept = sorted(o for o in RESUMABLE if not o.startswith("logger="))  # logger: not in the folder name
+    first_job = sweep / f"0_encoding=multiscale,{','.join(swept)}"
+    wait_for_step(first_job, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 3, proc.stderr.read() if proc.stderr else ""
+    assert json.loads((first_job / "results.json").read_text())["status"] == "preempted"
+    assert [p.name for p in sweep.iterdir() if p.is_dir()] == [first_job.name]  # the sweep stopped there
+    again = run_train(sweep_args(sweep, cache))
+    assert again.returncode == 0, again.stderr[-2000:]
+    resumed = json.loads((first_job / "results.json").read_text())
+    assert resumed["status"] == "finished" and resumed["resumed_from_step"] >= 3
+    second_job = sweep / first_job.name.replace("0_encoding=multiscale", "1_encoding=alibi")
+    assert json.loads((second_job / "results.json").read_text())["status"] == "finished"

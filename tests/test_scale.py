@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from conftest import CONF, ROOT, isolated_env, run_train
+from hydra_plugins.posab_grid_sweeper.grid_sweeper import expand_grids
 
 
 def losses(run: Path) -> list[float]:
@@ -86,3 +89,52 @@ def test_launchers_compose(launcher: str, target: str) -> None:
         assert cfg.hydra.launcher.gpus_per_node == 1 and cfg.hydra.launcher.timeout_min > 0
     else:
         assert cfg.hydra.launcher.n_jobs == 2
+
+
+def preset_grids(name: str) -> list[dict[str, str]]:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+experiment={name}"], return_hydra_config=True)
+    return [{key: str(value) for key, value in grid.items()} for grid in cfg.hydra.sweeper.grids]
+
+
+def test_the_pg_books_study_covers_every_encoding_x_3_seeds_and_the_anchor_ablation() -> None:
+    parser = OverridesParser.create()
+    jobs = expand_grids(preset_grids("pg_books_cpu"), parser.parse_overrides(["data.path=books"]), parser)
+    every_encoding = {p.stem for p in (CONF / "encoding").glob("*.yaml")}
+    main = [job for job in jobs if not any(o.startswith("data.anchors=") for o in job)]
+    ablation = [job for job in jobs if "data.anchors=False" in job]
+    assert len(jobs) == len(main) + len(ablation) == 3 * len(every_encoding) + 6
+    assert {o.split("=")[1] for job in main for o in job if o.startswith("encoding=")} == every_encoding
+    assert {o for job in ablation for o in job if o.startswith("encoding=")} == {
+        "encoding=multiscale", "encoding=hierarchical"}  # fmt: skip
+    assert all("data.path=books" in job for job in jobs)
+    assert [o for o in jobs[0] if o.startswith("seed=")] == ["seed=0"]  # seed outermost: whole seeds first
+
+
+def test_grid_sweeper_drops_a_job_an_earlier_grid_has() -> None:
+    parser = OverridesParser.create()
+    jobs = expand_grids(preset_grids("pg_books_cpu"), parser.parse_overrides(["data.anchors=false"]), parser)
+    assert len(jobs) == 30 and len({tuple(sorted(job)) for job in jobs}) == 30
+
+
+def test_grid_sweeper_runs_the_union_of_its_grids(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    grids = "[{encoding: 'nope,alibi', seed: 0}, {encoding: alibi, seed: '0,1'}]"
+    proc = run_train(["-m", "+experiment=tiny", "logger=jsonl", "hydra/sweeper=grids",
+                      f"hydra.sweeper.grids={grids}", "train.steps=3", f"hydra.sweep.dir={sweep}",
+                      f"data.cache_dir={tmp_path / 'cache'}"])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name.split("_", 1)[1] for p in runs] == [
+        "encoding=nope,seed=0,train.steps=3", "encoding=alibi,seed=0,train.steps=3",
+        "encoding=alibi,seed=1,train.steps=3"]  # fmt: skip
+    for run in runs:
+        results = json.loads((run / "results.json").read_text())
+        assert results["status"] == "finished" and OmegaConf.load(run / "config.yaml").train.steps == 3
+
+
+def test_grid_sweeper_without_grids_says_what_it_needs(tmp_path: Path) -> None:
+    proc = run_train(["-m", "+experiment=tiny", "logger=jsonl", "hydra/sweeper=grids",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}"])  # fmt: skip
+    assert proc.returncode != 0
+    assert "hydra.sweeper.grids" in proc.stderr

@@ -158,7 +158,9 @@ def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict
     command of a crashed or pre-empted run continues it from its checkpoint (`train.resume=auto`).
     """
     job = job or JobInfo()
-    refuse_finished_run(raw_cfg, run_dir)
+    previous = keep_finished_run(raw_cfg, run_dir, job)
+    if previous is not None:
+        return previous
     w = world()
     if not w.is_main:
         return _worker(raw_cfg, run_dir)
@@ -217,16 +219,27 @@ def check_world(cfg: Config, w: World) -> None:
         )
 
 
-def refuse_finished_run(raw_cfg: DictConfig, run_dir: Path) -> None:
-    """A finished run's directory is not reused unless `train.overwrite=true`."""
+def finished_results(raw_cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
+    """The results of the finished run in `run_dir`, if there is one and `train.overwrite` is not set."""
     previous = run_dir / "results.json"
     if not previous.is_file() or OmegaConf.select(raw_cfg, "train.overwrite", default=False) is True:
-        return
-    if json.loads(previous.read_text()).get("status") == "finished":
+        return None
+    results = json.loads(previous.read_text())
+    return results if results.get("status") == "finished" else None
+
+
+def keep_finished_run(raw_cfg: DictConfig, run_dir: Path, job: JobInfo) -> dict[str, Any] | None:
+    """A finished run's directory is not reused unless `train.overwrite=true`: a single run refuses; a
+    sweep rerun into its own folder (`hydra.sweep.dir=...`) keeps the finished jobs and continues the rest."""
+    previous = finished_results(raw_cfg, run_dir)
+    if previous is not None and not job.multirun:
         raise ConfigError(
             f"'{run_dir}' holds a finished run; pass train.overwrite=true to replace it, "
             "or choose another hydra.run.dir"
         )
+    if previous is not None:
+        log.info("%s holds a finished run: kept (train.overwrite=true would rerun it)", run_dir)
+    return previous
 
 
 def resume_state(cfg: Config, run_dir: Path, truncate: bool = True) -> dict[str, Any] | None:
