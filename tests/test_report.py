@@ -78,6 +78,7 @@ def test_table_numbers_are_mean_and_std_over_the_seeds(runs_dir: Path, report_di
         for n in (128, 256):
             assert row[f"ppl@{n}"] == mean_std([r["eval"][f"ppl/{n}"] for r in results], ".2f")
         assert row["params"] == f"{results[0]['params']['total']:,}"
+        assert row["wall s"] == mean_std([r["wall_time_s"] for r in results], ".0f")
         kl = mean_std([r["eval"]["shift/offset64/kl"] for r in results], ".3g")
         assert row["KL offset 64"] == kl
 
@@ -104,6 +105,9 @@ def test_report_names_commit_and_machine(runs_dir: Path, report_dir: Path) -> No
     result = finished_results(runs_dir, "alibi")[0]
     assert f"Git commit(s): `{result['git_commit']}` (5 runs)" in report
     assert result["machine"]["platform"] in report
+    every = [json.loads(p.read_text()) for p in runs_dir.glob("*/*/results.json")]
+    hours = sum(r["wall_time_s"] for r in every) / 3600
+    assert f"Wall time: {hours:.2f} h summed over {len(every)} runs" in report
 
 
 def test_every_plot_is_a_png(report_dir: Path) -> None:
@@ -177,9 +181,9 @@ def test_swept_values_make_rows_and_cells_follow_the_seeds() -> None:
         "rope, data.anchors=true",
     ]
     lines = study_table(rows)
-    assert lines[0] == "| encoding, swept values | seeds n | params | tokens/s | val loss |"
-    assert lines[2] == "| multiscale, data.anchors=false | 1 | — | — | 3.000 |"
-    assert lines[3] == "| multiscale, data.anchors=true | 2 | — | 100 (n=1) | 1.500 ± 0.707 |"
+    assert lines[0] == "| encoding, swept values | seeds n | params | tokens/s | wall s | val loss |"
+    assert lines[2] == "| multiscale, data.anchors=false | 1 | — | — | — | 3.000 |"
+    assert lines[3] == "| multiscale, data.anchors=true | 2 | — | 100 (n=1) | — | 1.500 ± 0.707 |"
 
 
 def test_rope_scalings_become_rows_of_their_own() -> None:

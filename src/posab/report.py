@@ -393,6 +393,13 @@ def study_columns(rows: Sequence[Row]) -> list[Column]:
     columns = [
         Column("tokens/s", "tokens_per_s", ".0f", "training throughput, tokens per second (`tokens_per_s`)"),
         Column(
+            "wall s",
+            "wall_time_s",
+            ".0f",
+            "wall time of the whole job in seconds: start-up, training and evaluations (`wall_time_s`; "
+            "of the last attempt only for a resumed run)",
+        ),
+        Column(
             "val loss",
             "val_loss",
             ".3f",
@@ -691,6 +698,17 @@ def _counted(values: Iterable[str]) -> str:
     return "; ".join(f"`{v}` ({n} runs)" for v, n in counts.items()) or "unknown"
 
 
+def wall_time_line(runs: Sequence[RunRecord]) -> str:
+    """The jobs' wall times summed (a sequential sweep's duration, less process start-ups) and their range."""
+    times = [r.metrics["wall_time_s"] for r in runs if "wall_time_s" in r.metrics]
+    if not times:
+        return "not recorded"
+    return (
+        f"{sum(times) / 3600:.2f} h summed over {len(times)} runs "
+        f"({min(times):.0f}–{max(times):.0f} s per run)"
+    )
+
+
 def write_report(runs: Sequence[RunRecord], out_dir: Path) -> Path:
     """Write report.md, runs.csv, the plots and configs/ into `out_dir`; returns the report.md path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -704,6 +722,7 @@ def write_report(runs: Sequence[RunRecord], out_dir: Path) -> Path:
         f"- Git commit(s): {_counted(r.info['git_commit'] for r in runs)}",
         f"- Machine(s): {_counted(r.info['machine'] for r in runs)}",
         f"- Device, precision: {_counted(_join(r.info['device'], r.info['precision']) for r in runs)}",
+        f"- Wall time: {wall_time_line(runs)}",
         "",
     ]
     for study, rows in table.items():
