@@ -12,6 +12,7 @@ from posab.encodings import Dims, Positions
 from posab.encodings.alibi import ALiBi, alibi_slopes
 from posab.encodings.hierarchical import Hierarchical
 from posab.encodings.multiscale import MultiScale
+from posab.encodings.sinusoidal import Sinusoidal
 from posab.errors import ConfigError
 
 B, T, V = 2, 24, 260
@@ -158,3 +159,14 @@ def test_hierarchical_levels_and_anchor_independence() -> None:
 def test_bad_encoding_settings(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         tiny_model(*overrides[0].split("=")[1:], *overrides[1:])
+
+
+@pytest.mark.parametrize("scale_embeddings", [False, True])
+def test_sinusoidal_adds_the_formula_to_optionally_scaled_embeddings(scale_embeddings: bool) -> None:
+    enc = Sinusoidal(Dims(d_model=8, n_heads=2), scale_embeddings=scale_embeddings)
+    x = torch.randn(2, 5, 8)
+    out = enc.embed(x, Positions.build(5, x.device, offset=3))
+    p, i = 3 + torch.arange(5.0)[:, None], torch.arange(0, 8, 2)[None, :]
+    pe = torch.stack([torch.sin(p / 10000 ** (i / 8)), torch.cos(p / 10000 ** (i / 8))], -1).flatten(1)
+    scale = math.sqrt(8) if scale_embeddings else 1.0
+    torch.testing.assert_close(out, x * scale + pe[None])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, run_train
-from posab.report import RunRecord, group_rows, main, study_table
+from posab.report import RunRecord, group_rows, load_run, main, study_table
 
 FAILED_RUN = "0_encoding=alibi,train.lr=-1"
 FAILED_ERROR = "ConfigError: train.lr=-1.0 must be positive"
@@ -207,3 +207,21 @@ def test_rope_scalings_become_rows_of_their_own() -> None:
     assert rows["rope + pi"].values("ppl/64") == [5.0]  # within the training length: unscaled
     assert rows["rope + pi"].values("needle/acc@128") == [0.5]
     assert rows["rope + pi"].runs[0].series["position_loss/128"] == [0.5]
+
+
+def test_a_run_without_a_newer_encoding_option_gets_its_default(tmp_path: Path) -> None:
+    """Runs from before `encoding.scale_embeddings` existed form the `=false` row, not one with `=true`."""
+    config = {"experiment": "s", "seed": 0, "encoding": {"name": "sinusoidal", "base": 10000.0}}
+    runs = []
+    for name, extra in (("old", {}), ("new", {"scale_embeddings": True})):
+        run = tmp_path / name
+        run.mkdir()
+        cfg = {**config, "encoding": {**config["encoding"], **extra}}
+        (run / "config.yaml").write_text(json.dumps(cfg))
+        (run / "results.json").write_text(json.dumps({"status": "finished", "encoding": "sinusoidal"}))
+        runs.append(load_run(run))
+    labels = [r.label for r in group_rows(runs)["s"]]
+    assert labels == [
+        "sinusoidal, encoding.scale_embeddings=false",
+        "sinusoidal, encoding.scale_embeddings=true",
+    ]

@@ -97,13 +97,15 @@ def preset_grids(name: str) -> list[dict[str, str]]:
     return [{key: str(value) for key, value in grid.items()} for grid in cfg.hydra.sweeper.grids]
 
 
-def test_the_pg_books_study_covers_every_encoding_x_3_seeds_and_the_anchor_ablation() -> None:
+def test_the_pg_books_study_covers_every_encoding_x_3_seeds_and_its_ablations() -> None:
     parser = OverridesParser.create()
     jobs = expand_grids(preset_grids("pg_books_cpu"), parser.parse_overrides(["data.path=books"]), parser)
     every_encoding = {p.stem for p in (CONF / "encoding").glob("*.yaml")}
-    main = [job for job in jobs if not any(o.startswith("data.anchors=") for o in job)]
+    main = [job for job in jobs if not any(o.startswith(("data.anchors=", "encoding.")) for o in job)]
     ablation = [job for job in jobs if "data.anchors=False" in job]
-    assert len(jobs) == len(main) + len(ablation) == 3 * len(every_encoding) + 6
+    scaled = [job for job in jobs if "encoding.scale_embeddings=True" in job]
+    assert len(jobs) == len(main) + len(ablation) + len(scaled) == 3 * len(every_encoding) + 6 + 3
+    assert {o for job in scaled for o in job if o.startswith("encoding=")} == {"encoding=sinusoidal"}
     assert {o.split("=")[1] for job in main for o in job if o.startswith("encoding=")} == every_encoding
     assert {o for job in ablation for o in job if o.startswith("encoding=")} == {
         "encoding=multiscale", "encoding=hierarchical"}  # fmt: skip
@@ -114,7 +116,7 @@ def test_the_pg_books_study_covers_every_encoding_x_3_seeds_and_the_anchor_ablat
 def test_grid_sweeper_drops_a_job_an_earlier_grid_has() -> None:
     parser = OverridesParser.create()
     jobs = expand_grids(preset_grids("pg_books_cpu"), parser.parse_overrides(["data.anchors=false"]), parser)
-    assert len(jobs) == 30 and len({tuple(sorted(job)) for job in jobs}) == 30
+    assert len(jobs) == 33 and len({tuple(sorted(job)) for job in jobs}) == 33
 
 
 def test_grid_sweeper_runs_the_union_of_its_grids(tmp_path: Path) -> None:

@@ -72,6 +72,7 @@ INFO_COLUMNS = (
     "device",
     "precision",
 )
+ENCODING_CONF = Path(__file__).resolve().parents[2] / "conf" / "encoding"  # in a source checkout
 RUN_METRICS = ("tokens_per_s", "train_loss", "val_loss", "wall_time_s")  # top-level keys of results.json
 SUMMARY_METRICS = (
     "params/total",
@@ -169,6 +170,7 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
         results = {"status": "failed", "error": f"unreadable results.json: {err}"}
     raw = OmegaConf.to_container(OmegaConf.load(path / "config.yaml"), resolve=False)
     config = flatten(raw if isinstance(raw, dict) else {})
+    config = {**encoding_defaults(config.get("encoding.name", "")), **config}
     metrics = {k: float(results[k]) for k in RUN_METRICS if _is_number(results.get(k))}
     metrics.update(
         {f"params/{k}": float(v) for k, v in (results.get("params") or {}).items() if _is_number(v)}
@@ -208,6 +210,18 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
         series=series,
         config_path=path / "config.yaml",
     )
+
+
+def encoding_defaults(encoding: str) -> dict[str, str]:
+    """The options of `conf/encoding/<encoding>.yaml` as `encoding.*` keys; empty where there is none.
+
+    A run made before an encoding option existed lacks the key; it ran with what is now the option's
+    default (new options keep the old behaviour by default), so the report fills it in from there."""
+    path = ENCODING_CONF / f"{encoding}.yaml"
+    if not encoding or not path.is_file():
+        return {}
+    options = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    return flatten({"encoding": options}) if isinstance(options, dict) else {}
 
 
 def _encoding_from(config: dict[str, str], overrides: str) -> str:
