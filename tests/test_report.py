@@ -79,6 +79,7 @@ def test_table_numbers_are_mean_and_std_over_the_seeds(runs_dir: Path, report_di
             assert row[f"ppl@{n}"] == mean_std([r["eval"][f"ppl/{n}"] for r in results], ".2f")
         assert row["params"] == f"{results[0]['params']['total']:,}"
         assert row["wall s"] == mean_std([r["wall_time_s"] for r in results], ".0f")
+        assert row["key logprob"] == mean_std([r["eval"]["needle/logprob"] for r in results], ".2f")
         kl = mean_std([r["eval"]["shift/offset64/kl"] for r in results], ".3g")
         assert row["KL offset 64"] == kl
 

@@ -440,6 +440,17 @@ def study_columns(rows: Sequence[Row]) -> list[Column]:
                 "passkey accuracy over every length and depth (`needle/acc`)",
             )
         )
+    if any("needle/logprob" in r.metrics for r in runs):
+        columns.append(
+            Column(
+                "key logprob",
+                "needle/logprob",
+                ".2f",
+                "log-probability (nats) of the whole passkey given the prompt (summed over its digits), mean "
+                "over every length and depth (`needle/logprob`; uniform over the 10 digits: 5 ln 0.1 "
+                "= -11.51 for 5-digit keys)",
+            )
+        )
     if offsets := _keys_matching(runs, r"shift/offset(\d+)/kl"):
         k = offsets[-1]
         columns.append(
