@@ -179,7 +179,7 @@ def test_swept_values_make_rows_and_cells_follow_the_seeds() -> None:
     assert [r.label for r in rows] == [
         "multiscale, data.anchors=false",
         "multiscale, data.anchors=true",
-        "rope, data.anchors=true",
+        "rope",  # anchors are swept for multiscale only; rope ran with the value every other run has
     ]
     lines = study_table(rows)
     assert lines[0] == "| encoding, swept values | seeds n | params | tokens/s | wall s | val loss |"
@@ -226,3 +226,10 @@ def test_a_run_without_a_newer_encoding_option_gets_its_default(tmp_path: Path) 
         "sinusoidal, encoding.scale_embeddings=false",
         "sinusoidal, encoding.scale_embeddings=true",
     ]
+
+
+def test_a_setting_fixed_per_encoding_but_different_between_them_stays_in_the_labels() -> None:
+    runs = [record("alibi", 0, {"val_loss": 1.0}, **{"train.lr": "0.001"}),
+            record("rope", 0, {"val_loss": 2.0}, **{"train.lr": "0.003"})]  # fmt: skip
+    labels = [r.label for r in group_rows(runs)["ablation"]]
+    assert labels == ["alibi, train.lr=0.001", "rope, train.lr=0.003"]

@@ -328,6 +328,25 @@ def swept_keys(runs: Sequence[RunRecord]) -> list[str]:
     return [k for k in keys if differs(k)]
 
 
+def label_keys(runs: Sequence[RunRecord], keys: Sequence[str]) -> dict[str, list[str]]:
+    """Per encoding, the swept keys its row labels show: those that vary among its runs, and those that
+    are constant for every encoding but not the same for all of them (a confounded setting stays visible).
+    A key swept for some encodings only (data.anchors for two of them) stays out of the others' labels."""
+    values: dict[str, dict[str, set[str]]] = {k: {} for k in keys}  # key -> encoding -> its values
+    for run in runs:
+        for key in keys:
+            if key in run.config:
+                values[key].setdefault(run.encoding, set()).add(run.config[key])
+    shown: dict[str, list[str]] = {}
+    for encoding in {r.encoding for r in runs}:
+        for key in keys:
+            per_encoding = values[key]
+            constants = {next(iter(v)) for v in per_encoding.values() if len(v) == 1}
+            if encoding in per_encoding and (len(per_encoding[encoding]) > 1 or len(constants) > 1):
+                shown.setdefault(encoding, []).append(key)
+    return shown
+
+
 def _label(run: RunRecord, keys: Sequence[str]) -> str:
     return ", ".join([run.encoding, *(f"{k}={run.config[k]}" for k in keys if k in run.config)])
 
@@ -370,13 +389,14 @@ def group_rows(runs: Sequence[RunRecord]) -> dict[str, list[Row]]:
     table: dict[str, list[Row]] = {}
     for study, keys in study_keys(runs).items():
         rows: dict[str, Row] = {}
-        for run in runs:
-            if run.study == study and run.finished:
-                label = _label(run, keys)
-                rows.setdefault(label, Row(study, label, [])).runs.append(scaled_view(run, "none"))
-                for kind in scaling_kinds(run):
-                    scaled = f"{label} + {kind}"
-                    rows.setdefault(scaled, Row(study, scaled, [])).runs.append(scaled_view(run, kind))
+        finished = [r for r in runs if r.study == study and r.finished]
+        shown = label_keys(finished, keys)
+        for run in finished:
+            label = _label(run, shown.get(run.encoding, []))
+            rows.setdefault(label, Row(study, label, [])).runs.append(scaled_view(run, "none"))
+            for kind in scaling_kinds(run):
+                scaled = f"{label} + {kind}"
+                rows.setdefault(scaled, Row(study, scaled, [])).runs.append(scaled_view(run, kind))
         if rows:
             table[study] = [rows[k] for k in sorted(rows, key=natural_key)]
     return table
@@ -503,8 +523,8 @@ def study_table(rows: Sequence[Row]) -> list[str]:
         cells += [mean_std(row.values(c.key), c.fmt, len(row.runs)) for c in columns]
         lines.append(_md_row(cells))
     legend = [
-        "encoding, swept values: the encoding and every config value that differs between the finished "
-        "runs of this study (other than the seed)",
+        "encoding, swept values: the encoding and the config values (other than the seed) that differ "
+        "between its finished runs in this study, or that are fixed per encoding but not the same for all",
         "seeds n: finished runs in the row (one per seed); every later cell is mean ± sample std "
         "(ddof=1) over them, ± left out when n = 1, `(n=k)` when only k runs have the value, "
         f"{MISSING} when none has",
