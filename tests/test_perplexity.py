@@ -65,6 +65,17 @@ def test_loss_matches_a_direct_computation(corpus: CorpusData) -> None:
     assert perplexity_eval(ctx)["loss/64"] == pytest.approx(float(expected), rel=1e-5)
 
 
+def test_bits_per_byte_divide_the_loss_by_the_text_bytes_not_the_anchors(corpus: CorpusData) -> None:
+    ctx = context(corpus, "alibi")
+    starts = ctx.valid.fixed_windows(64, window_count(ctx, 64))
+    targets = ctx.valid.batch(starts, 64).targets  # (N, 64)
+    text_bytes = int((targets < 256).sum())  # byte tokens; BOS/EOS/PARA/SENT stand for no text
+    assert 0 < text_bytes < targets.numel()  # the corpus has anchors
+    results = perplexity_eval(ctx)
+    total_loss = results["loss/64"] * targets.numel()
+    assert results["bpb/64"] == pytest.approx(total_loss / math.log(2) / text_bytes, rel=1e-6)
+
+
 def test_sliding_with_stride_equal_to_length_is_contiguous_windows(corpus: CorpusData) -> None:
     ctx = context(corpus, "alibi")
     contiguous = token_losses(ctx, np.arange(4) * 32, 32)

@@ -130,6 +130,7 @@ class Tokenizer(Protocol):
 
     vocab_size: int
     anchors: bool
+    pieces: list[bytes | None]  # each id's text bytes; None for the anchors
 
     def encode(self, text: str, document: bool = True) -> Encoded: ...
 
@@ -141,6 +142,7 @@ class ByteTokenizer:
 
     def __init__(self, anchors: bool = True) -> None:
         self.anchors = anchors
+        self.pieces = BYTE_PIECES
 
     def encode(self, text: str, document: bool = True) -> Encoded:
         """Encode text; with `document`, anchors include BOS and EOS around it."""
@@ -150,7 +152,15 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int] | np.ndarray, show_special: bool = False) -> str:
         """Bytes back to text; anchor tokens are dropped, or shown as <bos>, <para>, ..."""
-        return decode_pieces(ids, BYTE_PIECES, show_special)
+        return decode_pieces(ids, self.pieces, show_special)
+
+
+def byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
+    """(V,) the number of text bytes each id stands for: 0 for the anchors."""
+    lengths = np.zeros(tokenizer.vocab_size, dtype=np.int64)
+    for i, piece in enumerate(tokenizer.pieces[: tokenizer.vocab_size]):
+        lengths[i] = len(piece) if piece is not None else 0
+    return lengths
 
 
 def concatenate(parts: list[Encoded]) -> Encoded:

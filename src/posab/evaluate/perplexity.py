@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
+from posab.data.tokenizer import byte_lengths
 from posab.encodings.rope import RoPE
 from posab.evaluate.context import EvalContext
 
@@ -70,12 +71,22 @@ def sliding_loss(ctx: EvalContext, length: int, stride: int, span: int) -> float
     return total / count
 
 
-def loss_rows(losses: Tensor, suffix: str, bins: int) -> dict[str, Any]:
-    """(N, L) per-token losses -> `loss{suffix}`, `ppl{suffix}`, `position_loss{suffix}`."""
+def target_bytes(ctx: EvalContext, starts: np.ndarray, length: int) -> int:
+    """How many text bytes the scored tokens of these windows stand for (anchors count 0)."""
+    targets = np.stack([ctx.valid.tokens[s + 1 : s + 1 + length] for s in starts])  # (N, L)
+    return int(byte_lengths(ctx.tokenizer)[targets.astype(np.int64)].sum())
+
+
+def loss_rows(losses: Tensor, suffix: str, bins: int, n_bytes: int) -> dict[str, Any]:
+    """(N, L) per-token losses -> `loss{suffix}`, `ppl{suffix}`, `position_loss{suffix}`, `bpb{suffix}`.
+
+    bpb: bits per text byte, total loss / ln 2 / the bytes the scored tokens stand for; unlike per-token
+    loss it compares runs whose token streams differ (anchors on/off, bytes vs BPE)."""
     mean = float(losses.mean())
     return {
         f"loss{suffix}": mean,
         f"ppl{suffix}": math.exp(mean),
+        f"bpb{suffix}": float(losses.sum()) / math.log(2) / max(n_bytes, 1),
         f"position_loss{suffix}": binned(losses.mean(dim=0), bins),
     }
 
@@ -103,11 +114,12 @@ def perplexity_eval(ctx: EvalContext) -> dict[str, Any]:
         started = time.perf_counter()
         count = window_count(ctx, length)
         starts = ctx.valid.fixed_windows(length, count)
-        out.update(loss_rows(token_losses(ctx, starts, length), f"/{length}", p.position_bins))  # (N, L)
+        n_bytes = target_bytes(ctx, starts, length)
+        out.update(loss_rows(token_losses(ctx, starts, length), f"/{length}", p.position_bins, n_bytes))
         out[f"ppl_windows/{length}"] = len(starts)
         if p.stride is not None:
             out[f"ppl_sliding/{length}"] = math.exp(sliding_loss(ctx, length, p.stride, count * length))
         out[f"time/ppl@{length}_s"] = round(time.perf_counter() - started, 3)
         for kind, losses in scaled_losses(ctx, starts, length).items():
-            out.update(loss_rows(losses, f"@{kind}/{length}", p.position_bins))
+            out.update(loss_rows(losses, f"@{kind}/{length}", p.position_bins, n_bytes))
     return out
