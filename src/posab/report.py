@@ -26,6 +26,7 @@ import statistics
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,7 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
     )
 
 
+@cache
 def encoding_defaults(encoding: str) -> dict[str, str]:
     """The options of `conf/encoding/<encoding>.yaml` as `encoding.*` keys; empty where there is none.
 

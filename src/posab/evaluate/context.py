@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from posab.config import EvalConfig
 from posab.data import TokenStream
-from posab.data.tokenizer import Tokenizer
+from posab.data.tokenizer import Tokenizer, byte_lengths
 from posab.model import DecoderLM
 from posab.train import autocast
 
@@ -23,6 +25,11 @@ class EvalContext:
     dtype: torch.dtype | None  # autocast dtype, None for fp32
     train_len: int
     cfg: EvalConfig
+
+    @cached_property
+    def token_bytes(self) -> np.ndarray:
+        """(V,) the text bytes each token id stands for (0 for the anchors), computed once."""
+        return byte_lengths(self.tokenizer)
 
     def batch_size(self, length: int) -> int:
         """Sequences per forward pass at `length`, so that memory stays bounded at long lengths."""

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
-from posab.data.tokenizer import byte_lengths
 from posab.encodings.rope import RoPE
 from posab.evaluate.context import EvalContext
 
@@ -73,8 +72,8 @@ def sliding_loss(ctx: EvalContext, length: int, stride: int, span: int) -> float
 
 def target_bytes(ctx: EvalContext, starts: np.ndarray, length: int) -> int:
     """How many text bytes the scored tokens of these windows stand for (anchors count 0)."""
-    targets = np.stack([ctx.valid.tokens[s + 1 : s + 1 + length] for s in starts])  # (N, L)
-    return int(byte_lengths(ctx.tokenizer)[targets.astype(np.int64)].sum())
+    targets = ctx.valid.batch(starts, length).targets.numpy()  # (N, L)
+    return int(ctx.token_bytes[targets].sum())
 
 
 def loss_rows(losses: Tensor, suffix: str, bins: int, n_bytes: int) -> dict[str, Any]:
