@@ -11,11 +11,17 @@ from posab.attention import QUERY_CHUNK, BiasedAttention, attention, causal_mask
 from posab.encodings import Dims, Positions
 from posab.encodings.hierarchical import TableGather
 from posab.encodings.rope import RoPE
+from tolerances import EPS32, EPS_BF16, assert_close_to_scale
 
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask  # (B, H, T, T)
     return torch.softmax(scores, dim=-1) @ v
+
+
+def float64(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Float64 copies, leaves of their own graph (a reference computed from the same values)."""
+    return [t.detach().double().requires_grad_(t.requires_grad) for t in tensors]
 
 
 def random_inputs(batch: int, mask_batch: int, length: int, dtype: torch.dtype = torch.float64):
@@ -31,33 +37,42 @@ def test_biased_attention_gradients_equal_the_reference(mask_batch: int, length:
     q, k, v, bias = random_inputs(2, mask_batch, length, torch.float32)
     grad_out = torch.randn(2, 3, length, 8)
     results = []
-    for fn in (BiasedAttention.apply, explicit_attention):
-        for t in (q, k, v, bias):
-            t.grad = None
-        mask = bias + causal_mask(length, bias.device)
-        out = fn(q, k, v, mask)
-        out.backward(grad_out)
-        results.append([out.detach(), *(t.grad.clone() for t in (q, k, v, bias))])
-    for fast, slow in zip(*results, strict=True):
-        torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
+    # the fast path in float32 against the explicit softmax in float64 on the same values
+    paths = ((BiasedAttention.apply, (q, k, v, bias)), (explicit_attention, float64(q, k, v, bias)))
+    for fn, inputs in paths:
+        mask = inputs[3] + causal_mask(length, bias.device).to(inputs[3].dtype)
+        out = fn(*inputs[:3], mask)
+        out.backward(grad_out.to(out.dtype))
+        results.append([out.detach(), *(t.grad for t in inputs)])
+    # float32 sums over <= L = 71 keys and 8 channels (and the batch, for a shared mask): observed up to
+    # ~1e-6 of each tensor's largest entry; 1e-5 = 84 EPS32; a wrong chunk boundary or term is ~1e-1.
+    for name, fast, slow in zip(("out", "dq", "dk", "dv", "dbias"), *results, strict=True):
+        assert_close_to_scale(fast, slow, rel=1e-5, msg=name)
 
 
 def test_attention_picks_the_path_and_matches_explicit_softmax() -> None:
     q, k, v, bias = random_inputs(2, 1, 9, torch.float32)
     mask = bias + causal_mask(9, bias.device)
-    expected = explicit_attention(q, k, v, mask)
-    torch.testing.assert_close(attention(q, k, v, mask), expected, rtol=1e-5, atol=1e-5)  # learned bias
-    torch.testing.assert_close(attention(q, k, v, mask.detach()), expected, rtol=1e-5, atol=1e-5)  # constant
-    no_bias = explicit_attention(q, k, v, causal_mask(9, q.device))
-    torch.testing.assert_close(attention(q, k, v, None), no_bias, rtol=1e-5, atol=1e-5)
+    q64, k64, v64, mask64 = float64(q, k, v, mask)
+    expected = explicit_attention(q64, k64, v64, mask64)  # the reference in float64
+    no_bias = explicit_attention(q64, k64, v64, causal_mask(9, q.device).double())
+    # float32 softmax over 9 keys of 8-channel dot products: a few EPS32 of the output's scale;
+    # 1e-5 = 84 EPS32, while a wrong path (no bias, no causal mask) is off by ~1e-1
+    assert_close_to_scale(attention(q, k, v, mask), expected, rel=1e-5, msg="learned bias")
+    assert_close_to_scale(attention(q, k, v, mask.detach()), expected, rel=1e-5, msg="constant bias")
+    assert_close_to_scale(attention(q, k, v, None), no_bias, rel=1e-5, msg="no bias")
 
 
 def test_biased_attention_in_bf16_is_close_to_fp32() -> None:
     q, k, v, bias = random_inputs(2, 1, 40, torch.float32)
     mask = bias + causal_mask(40, bias.device)
+    expected = explicit_attention(*float64(q, k, v, mask))  # the reference in float64
     fp32 = BiasedAttention.apply(q, k, v, mask)
     bf16 = BiasedAttention.apply(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
-    torch.testing.assert_close(bf16.float(), fp32, rtol=0.05, atol=0.05)
+    assert_close_to_scale(fp32, expected, rel=1e-5, msg="fp32")  # as in the test above: 84 EPS32
+    # bf16 rounds q, k, v and the output to 8 bits (EPS_BF16 = 2^-7), and the scores carry the rounding of
+    # q.k: observed ~3e-3 of the output's scale; 4 EPS_BF16 = 3.1e-2 (the old elementwise 0.05 was looser)
+    assert_close_to_scale(bf16, expected, rel=4 * EPS_BF16, msg="bf16")
 
 
 def test_table_gather_gradient_equals_indexing() -> None:
@@ -66,12 +81,13 @@ def test_table_gather_gradient_equals_indexing() -> None:
     index = torch.randint(0, 11, (2, 6, 6), generator=g)
     grad = torch.randn(2, 3, 6, 6, generator=g)
     TableGather.apply(table, index).backward(grad)
-    fast = table.grad.clone()
-    table.grad = None
-    reference = table[:, index].permute(1, 0, 2, 3)
-    torch.testing.assert_close(TableGather.apply(table, index), reference)
-    reference.backward(grad)
-    torch.testing.assert_close(fast, table.grad)
+    (table64,) = float64(table)
+    reference = table64[:, index].permute(1, 0, 2, 3)  # indexing in float64: autograd's own backward
+    reference.backward(grad.double())
+    torch.testing.assert_close(TableGather.apply(table, index), reference.float(), rtol=0, atol=0)  # a gather
+    # each table entry sums the gradients of the ~72/11 ~ 7 pairs that read it, in float32: a few EPS32
+    # of the largest; 1e-5 = 84 EPS32, while a pair summed into the wrong entry is off by ~1e-1
+    assert_close_to_scale(table.grad, table64.grad, rel=1e-5)
 
 
 def test_rope_matches_the_rotation_formula_and_cached_tables_honour_offsets() -> None:
@@ -85,10 +101,13 @@ def test_rope_matches_the_rotation_formula_and_cached_tables_honour_offsets() ->
     angle = positions[:, None].double() * theta[None, :]  # (5, 4)
     pairs = torch.complex(x[0, 0, :, :4].double(), x[0, 0, :, 4:].double())  # (x_c, x_{c+4}) as complex
     rotated = pairs * torch.polar(torch.ones_like(angle), angle)
-    expected = torch.cat([rotated.real, rotated.imag], dim=-1).float()
-    torch.testing.assert_close(q[0, 0], expected, rtol=1e-5, atol=1e-5)
+    expected = torch.cat([rotated.real, rotated.imag], dim=-1)  # the reference in float64
+    # float32 tables and x cos + rot(x) sin: <= ~4 roundings of |x_c| + |x_c'| <= 2x the scale, observed
+    # ~1e-7 of it; 2e-6 = 17 EPS32, while a wrong angle is ~1e-1
+    assert_close_to_scale(q[0, 0], expected, rel=2e-6)
     fresh = RoPE(Dims(d_model=8, n_heads=1), base=100.0)
-    torch.testing.assert_close(fresh.rotate(x, x, Positions(token=positions))[0], q)
+    # the same float32 formula on the same values: equal up to an ulp of a vector kernel's rounding
+    assert_close_to_scale(fresh.rotate(x, x, Positions(token=positions))[0], q, rel=4 * EPS32)
 
 
 @pytest.mark.slow
@@ -102,9 +121,9 @@ def test_flex_attention_equals_sdpa_in_evaluation(encoding: str) -> None:
     tokens = torch.randint(0, 256, (2, 96), generator=g)
     sentence = torch.cumsum(torch.rand(2, 96, generator=g) < 0.1, dim=1)
     with torch.inference_mode():
-        torch.testing.assert_close(
-            flex(tokens, sentence, sentence // 4), sdpa(tokens, sentence, sentence // 4)
-        )
+        # two float32 kernels, other summation orders: 1e-5 = 84 EPS32 of the logits' scale
+        expected = sdpa(tokens, sentence, sentence // 4)
+        assert_close_to_scale(flex(tokens, sentence, sentence // 4), expected, rel=1e-5)
 
 
 def test_mask_is_cached_per_length_in_evaluation_and_cleared_by_training() -> None:

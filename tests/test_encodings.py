@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from posab.encodings.hierarchical import Hierarchical
 from posab.encodings.multiscale import MultiScale
 from posab.encodings.sinusoidal import Sinusoidal
 from posab.errors import ConfigError
+from tolerances import EPS32, assert_close_to_scale, scale_of
 
 B, T, V = 2, 24, 260
 
@@ -45,8 +47,11 @@ def test_causality(encoding: str) -> None:
     changed[:, t + 1 :] = (changed[:, t + 1 :] + 7) % V
     before = model(tokens, sentence, paragraph)
     after = model(changed, sentence, paragraph)
-    torch.testing.assert_close(before[:, : t + 1], after[:, : t + 1], rtol=0, atol=1e-5)
-    assert not torch.allclose(before[:, t + 1 :], after[:, t + 1 :])
+    # the same sums over the visible keys (later keys weigh exactly 0): float32 rounding of the kernels at
+    # most, observed <= 1e-6 of the logits' scale; 1e-5 = 84 EPS32, while a leak of a future token is
+    # ~1e-1 of it, as the outputs after t show
+    assert_close_to_scale(before[:, : t + 1], after[:, : t + 1], rel=1e-5)
+    assert (before[:, t + 1 :] - after[:, t + 1 :]).abs().max() > 1e-3 * scale_of(before)
 
 
 @torch.no_grad()
@@ -65,10 +70,12 @@ def test_position_offset(encoding: str) -> None:
     tokens, sentence, paragraph = structured_batch()
     base = model(tokens, sentence, paragraph)
     shifted = model(tokens, sentence, paragraph, offset=1000)
+    # relative encodings: float32 rounding only (RoPE: of its angles up to 1000 + T), observed ~1.5e-7 of the
+    # logits' scale; absolute ones differ by more than 1e-4 of it (FIRE, untrained, the least: ~1e-3)
     if model.encoding.relative_only:
-        torch.testing.assert_close(base, shifted, rtol=0, atol=1e-5)
-    else:  # well above the float rounding that relative encodings show (RoPE: ~1e-6)
-        assert (base - shifted).abs().max() > 1e-4
+        assert_close_to_scale(shifted, base, rel=1e-5)
+    else:
+        assert (base - shifted).abs().max() > 1e-4 * scale_of(base)
 
 
 @pytest.mark.parametrize(
@@ -102,8 +109,13 @@ def pairwise_multiscale(enc: MultiScale, length: int) -> torch.Tensor:
 def test_multiscale_distinct_distances_equal_all_pairs() -> None:
     torch.manual_seed(0)
     enc = MultiScale(Dims(d_model=32, n_heads=4), num_freqs=8, max_dist=256.0, hidden=16)
-    fast = enc.bias(Positions.build(40))[0]
-    torch.testing.assert_close(fast, pairwise_multiscale(enc, 40))
+    fast = enc.bias(Positions.build(40))[0]  # float32
+    reference = copy.deepcopy(enc).double()
+    slow = pairwise_multiscale(reference, 40)  # the reference: all pairs in float64
+    assert_close_to_scale(reference.bias(Positions.build(40))[0], slow, rel=1e-12, msg="float64")  # identity
+    # float32: features to a few EPS32, then two layers summing 16 inputs each: observed ~1e-7 of the
+    # bias's scale; 1e-5 = 84 EPS32, while a Toeplitz gather off by one distance is ~1e-1 of it
+    assert_close_to_scale(fast, slow, rel=1e-5, msg="float32")
 
 
 @pytest.mark.parametrize("combine", ["mix", "sum"])
@@ -115,7 +127,9 @@ def test_hierarchical_distinct_distances_equal_all_pairs(combine: str) -> None:
             enc.mix.normal_()
             enc.mix_bias.normal_()
     _, sentence, paragraph = structured_batch(length=30)
-    fast = enc.bias(Positions.build(30, sentence=sentence, paragraph=paragraph))  # (B, H, L, L)
+    pos = Positions.build(30, sentence=sentence, paragraph=paragraph)
+    fast = enc.bias(pos)  # (B, H, L, L), float32
+    enc = copy.deepcopy(enc).double()  # the all-pairs reference below runs in float64
     i = torch.arange(30)
     coords = {
         "token": (i[:, None] - i[None, :]).expand(B, 30, 30),
@@ -131,7 +145,10 @@ def test_hierarchical_distinct_distances_equal_all_pairs(combine: str) -> None:
     else:
         stacked = torch.stack(per_level, dim=1)  # (B, levels, H, L, L)
         slow = torch.einsum("lgh,blhij->bgij", enc.mix, stacked) + enc.mix_bias[None, :, None, None]
-    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    assert_close_to_scale(enc.bias(pos), slow, rel=1e-12, msg="float64")  # the identity, in float64
+    # float32: three levels of MLP (as in the multi-scale test) and a 12-term mix: observed ~1e-7 of the
+    # bias's scale; 1e-5 = 84 EPS32, while a level read at the wrong distance is ~1e-1 of it
+    assert_close_to_scale(fast, slow, rel=1e-5, msg="float32")
 
 
 def test_hierarchical_levels_and_anchor_independence() -> None:
@@ -141,7 +158,8 @@ def test_hierarchical_levels_and_anchor_independence() -> None:
     token_only = Hierarchical(Dims(32, 4), levels=["token"], combine="sum")
     flat = Positions.build(20, sentence=torch.zeros_like(sentence), paragraph=torch.zeros_like(paragraph))
     full = Positions.build(20, sentence=sentence, paragraph=paragraph)
-    torch.testing.assert_close(token_only.bias(flat), token_only.bias(full))
+    # the same float32 computation on the same token distances: equal up to an ulp at most
+    assert_close_to_scale(token_only.bias(flat), token_only.bias(full), rel=4 * EPS32)
     torch.manual_seed(0)
     all_levels = Hierarchical(Dims(32, 4))
     assert not torch.allclose(all_levels.bias(flat), all_levels.bias(full))
@@ -166,7 +184,9 @@ def test_sinusoidal_adds_the_formula_to_optionally_scaled_embeddings(scale_embed
     enc = Sinusoidal(Dims(d_model=8, n_heads=2), scale_embeddings=scale_embeddings)
     x = torch.randn(2, 5, 8)
     out = enc.embed(x, Positions.build(5, x.device, offset=3))
-    p, i = 3 + torch.arange(5.0)[:, None], torch.arange(0, 8, 2)[None, :]
+    p, i = 3 + torch.arange(5.0, dtype=torch.float64)[:, None], torch.arange(0, 8, 2)[None, :]
     pe = torch.stack([torch.sin(p / 10000 ** (i / 8)), torch.cos(p / 10000 ** (i / 8))], -1).flatten(1)
     scale = math.sqrt(8) if scale_embeddings else 1.0
-    torch.testing.assert_close(out, x * scale + pe[None])
+    # the formula in float64; float32 angles up to 7 rad and the sum x * scale + pe: a few EPS32 of the
+    # scale; 1e-6 = 8 EPS32, while a wrong frequency or a swapped sin/cos is ~1e-1
+    assert_close_to_scale(out, x.double() * scale + pe[None], rel=1e-6)
