@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from posab.errors import ConfigError
+from posab.results import scalars
 from posab.run import reevaluate
 
 
@@ -30,8 +31,7 @@ def main() -> None:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    scalars = {k: v for k, v in results.items() if isinstance(v, int | float)}
-    print(json.dumps(scalars, indent=1))
+    print(json.dumps(scalars(results), indent=1))
 
 
 if __name__ == "__main__":

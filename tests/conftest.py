@@ -13,15 +13,16 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from posab.config import Config, DataConfig, SyntheticConfig, load_config
-from posab.data import CorpusData, prepare_data
+from posab.build import build_model
+from posab.config import Config, load_config
+from posab.data import CorpusData, DataConfig, SyntheticConfig, prepare_data
 from posab.data.tokenizer import VOCAB_SIZE
 from posab.model import DecoderLM
-from posab.run import build_model
+from posab.paths import encoding_names
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-ENCODINGS = sorted(p.stem for p in (CONF / "encoding").glob("*.yaml"))
+ENCODINGS = encoding_names(CONF)
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:

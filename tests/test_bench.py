@@ -12,15 +12,9 @@ import pytest
 import torch
 
 from conftest import ENCODINGS, ROOT, isolated_env, tiny_model
-from posab.bench import (
-    Target,
-    all_pairs_hierarchical,
-    all_pairs_multiscale,
-    document_structure,
-    peak_memory,
-    skip_note,
-)
+from posab.bench import BIASED, Target, document_structure, peak_memory, skip_note
 from posab.encodings import Positions
+from tolerances import EPS32, assert_close_to_scale
 
 QUICK_LENGTHS = [64, 128]
 PHASES = ["build", "forward", "forward+backward"]
@@ -90,16 +84,24 @@ def test_flops_section_and_report(bench_dir: Path) -> None:
     assert verdicts and all(v == "met" or v.startswith("missed by") for v in verdicts)
 
 
-@pytest.mark.parametrize("overrides", [[], ["encoding.combine=sum"]])
-def test_all_pairs_references_match_the_modules(overrides: list[str]) -> None:
-    """The benchmark's all-pairs method is the design note's: the same bias as the distinct method."""
+CASES = [(name, []) for name in BIASED] + [("hierarchical", ["encoding.combine=sum"])]
+
+
+@pytest.mark.parametrize(("name", "overrides"), CASES)
+def test_all_pairs_references_match_the_modules(name: str, overrides: list[str]) -> None:
+    """The benchmark's all-pairs method is the design note's (`reference_bias`): the same bias as the
+    distinct-distance method, in float64 (and in float32 within a few EPS32 of the bias's scale)."""
     length = 96
     sentence, paragraph = document_structure(2, length, torch.Generator().manual_seed(0))
     pos = Positions.build(length, "cpu", 0, sentence, paragraph)
-    hierarchical = tiny_model("hierarchical", *overrides).encoding
-    torch.testing.assert_close(all_pairs_hierarchical(hierarchical, pos), hierarchical.bias(pos))
-    multiscale = tiny_model("multiscale").encoding
-    torch.testing.assert_close(all_pairs_multiscale(multiscale, pos), multiscale.bias(pos))
+    encoding = tiny_model(name, *overrides).encoding
+    reference = encoding.reference_bias(pos)
+    assert reference is not None
+    assert_close_to_scale(encoding.bias(pos), reference, rel=64 * EPS32, msg="float32")
+    encoding.double()
+    reference = encoding.reference_bias(pos)
+    assert reference is not None and reference.dtype == torch.float64
+    assert_close_to_scale(encoding.bias(pos), reference, rel=1e-12, msg="float64")
 
 
 def test_peak_memory_sees_a_temporary_tensor() -> None:

@@ -10,8 +10,7 @@ from tokenizers import pre_tokenizers
 
 import posab.data
 from conftest import run_train, typed_config
-from posab.config import DataConfig, SyntheticConfig
-from posab.data import CorpusData, prepare_data
+from posab.data import CorpusData, DataConfig, SyntheticConfig, prepare_data
 from posab.data.bpe import BYTE_CHARS, TOKENIZER_FILE, BPETokenizer
 from posab.data.corpora import corpus_identity
 from posab.data.passkey import QUERY, filler_length, make_passkey_example

@@ -73,6 +73,11 @@ def test_unknown_encoding_lists_the_available_ones(tmp_path: Path) -> None:
         (["train.lr=0"], "train.lr=0.0 must be positive"),
         (["+train.lrr=1"], "invalid config key 'train.lrr'"),
         (["train.steps=many"], "invalid config key 'train.steps'"),
+        (["encoding=fire", "encoding.hidden=abc"], "encoding 'fire': hidden='abc' is not a valid int"),
+        (["encoding=rope", "encoding.base=[1]"], "encoding 'rope': base=[1] is not a valid float"),
+        (["encoding=rope", "encoding.rotary_dim=2.5"], "rotary_dim=2.5 is not a valid int or None"),
+        (["encoding=sinusoidal", "encoding.scale_embeddings=3"], "scale_embeddings=3 is not a valid bool"),
+        (["encoding=hierarchical", "encoding.levels=token"], "levels='token' is not a valid list of str"),
     ],
 )
 def test_bad_input_gives_one_clear_line(tmp_path: Path, args: list[str], expected: str) -> None:

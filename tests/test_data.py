@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import posab.data
-from posab.config import DataConfig, SyntheticConfig
-from posab.data import TokenStream, TrainSampler, prepare_data
+from posab.data import DataConfig, SyntheticConfig, TokenStream, TrainSampler, prepare_data
 from posab.data.corpora import group_wikitext, load_documents, split_documents
 from posab.data.synthetic import SyntheticSpec, generate_corpus, write_text_folder
 from posab.data.tokenizer import BOS, EOS, PARA, SENT, ByteTokenizer, concatenate

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from conftest import tiny_model
-from posab.config import DataConfig, EvalConfig, NeedleConfig, SyntheticConfig
-from posab.data import TokenStream, prepare_data
+from posab.data import DataConfig, SyntheticConfig, TokenStream, prepare_data
 from posab.data.passkey import (
     GAP,
     NEEDLE,
@@ -27,8 +25,11 @@ from posab.data.passkey import (
 )
 from posab.data.tokenizer import PARA, VOCAB_SIZE, ByteTokenizer
 from posab.errors import ConfigError
+from posab.evaluate import EvalConfig, run_evaluator
 from posab.evaluate.context import EvalContext
-from posab.evaluate.needle import cell_examples, needle_eval, needle_heatmap, score_batch
+from posab.evaluate.needle import NeedleConfig, cell_examples, score_batch
+from posab.outputs import EvalOutput
+from posab.plots import png_bytes
 
 DEPTHS = [0.0, 0.5, 1.0]
 NEEDLE_PREFIX = b"The pass key is "
@@ -51,7 +52,15 @@ def as_bytes(tokens: np.ndarray | list[int]) -> bytes:
 
 def make_context(model: nn.Module, tokenizer: ByteTokenizer, valid: TokenStream, **needle) -> EvalContext:
     cfg = EvalConfig(lengths=[128, 192], batch_tokens=512, progress=False, needle=NeedleConfig(**needle))
-    return EvalContext(model, tokenizer, valid, torch.device("cpu"), None, 64, cfg)  # type: ignore[arg-type]
+    return EvalContext(model, tokenizer, valid, torch.device("cpu"), None, 64, cfg, "rope")  # type: ignore[arg-type]
+
+
+def needle_output(ctx: EvalContext) -> EvalOutput:
+    return run_evaluator(ctx, "needle")
+
+
+def needle_eval(ctx: EvalContext) -> dict:
+    return needle_output(ctx).results
 
 
 # ---------------------------------------------------------------------------------------------- examples
@@ -154,7 +163,12 @@ class OracleModel(nn.Module):
         self.key_digits = key_digits
 
     def forward(
-        self, tokens: Tensor, sentence: Tensor | None, paragraph: Tensor | None, offset: int = 0
+        self,
+        tokens: Tensor,
+        sentence: Tensor | None,
+        paragraph: Tensor | None,
+        offset: int = 0,
+        observe: object = None,
     ) -> Tensor:
         logits = torch.zeros(*tokens.shape, VOCAB_SIZE)  # (B, T, V)
         for row, ids in enumerate(tokens.tolist()):
@@ -175,7 +189,12 @@ class FixedDigitModel(nn.Module):
         self.token = ord(digit)
 
     def forward(
-        self, tokens: Tensor, sentence: Tensor | None, paragraph: Tensor | None, offset: int = 0
+        self,
+        tokens: Tensor,
+        sentence: Tensor | None,
+        paragraph: Tensor | None,
+        offset: int = 0,
+        observe: object = None,
     ) -> Tensor:
         logits = torch.zeros(*tokens.shape, VOCAB_SIZE)  # (B, T, V)
         logits[..., self.token] = 20.0
@@ -220,7 +239,7 @@ def test_teacher_forced_scoring_equals_greedy_decoding(corpus: Corpus) -> None:
     and the greedy output with one token changed."""
     model = tiny_model("hierarchical")
     ctx = make_context(model, *corpus, depths=DEPTHS, trials=2, key_digits=3)
-    for ex in cell_examples(ctx, 128, 1) + cell_examples(ctx, 192, 2):
+    for ex in cell_examples(ctx, ctx.cfg.needle, 128, 1) + cell_examples(ctx, ctx.cfg.needle, 192, 2):
         greedy = greedy_decode(model, ex, 3)
         wrong = [(t + 1) % VOCAB_SIZE for t in greedy]
         answers = [
@@ -235,9 +254,10 @@ def test_teacher_forced_scoring_equals_greedy_decoding(corpus: Corpus) -> None:
         assert (logprob <= 0).all()
 
 
-def test_results_and_heatmap(corpus: Corpus, tmp_path: Path) -> None:
+def test_results_table_and_heatmap(corpus: Corpus) -> None:
     ctx = make_context(tiny_model("rope"), *corpus, depths=[0.0, 0.25, 1.0], trials=2)
-    results = needle_eval(ctx)
+    output = needle_output(ctx)
+    results = output.results
     assert results == needle_eval(ctx)
     expected = {"needle/acc", "needle/logprob", "needle/grid"}
     for length in (128, 192):
@@ -254,8 +274,13 @@ def test_results_and_heatmap(corpus: Corpus, tmp_path: Path) -> None:
     assert grid["lengths"] == [128, 192] and grid["depths"] == [0.0, 0.25, 1.0]
     assert np.shape(grid["acc"]) == np.shape(grid["logprob"]) == (2, 3)
     assert grid["acc"][1][1] == results["needle/acc@192/depth0.25"]
-    png = needle_heatmap(grid, tmp_path / "plots" / "needle.png", "rope")
-    assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 1000
+    table = output.tables["needle"]
+    assert table.columns == ["length", "depth", "acc", "logprob"] and len(table.rows) == 6
+    assert table.rows[4] == [192, 0.25, grid["acc"][1][1], grid["logprob"][1][1]]
+    heatmap = output.figures["needle_heatmap"]
+    assert heatmap.axes[0].get_title() == "rope"
+    png = png_bytes(heatmap)
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
 
 
 def test_needle_eval_fails_clearly_on_bad_lengths(corpus: Corpus) -> None:

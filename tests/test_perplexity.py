@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,12 +11,16 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
-from posab.config import EvalConfig, PerplexityConfig
 from posab.data import CorpusData
+from posab.evaluate import EvalConfig, run_evaluator
 from posab.evaluate.context import EvalContext
-from posab.evaluate.perplexity import binned, perplexity_eval, sliding_loss, token_losses, window_count
+from posab.evaluate.perplexity import PerplexityConfig, binned, sliding_loss, token_losses, window_count
 
 LENGTHS = [32, 64, 128]
+
+
+def perplexity_eval(ctx: EvalContext) -> dict[str, Any]:
+    return run_evaluator(ctx, "perplexity").results
 
 
 def context(corpus: CorpusData, encoding: str, **perplexity: object) -> EvalContext:
@@ -45,8 +50,8 @@ def test_keys_and_ranges(corpus: CorpusData, encoding: str) -> None:
 def test_windows_are_the_same_for_every_encoding(corpus: CorpusData) -> None:
     a, b = context(corpus, "alibi"), context(corpus, "sinusoidal")
     for length in LENGTHS:
-        starts_a = a.valid.fixed_windows(length, window_count(a, length))
-        starts_b = b.valid.fixed_windows(length, window_count(b, length))
+        starts_a = a.valid.fixed_windows(length, window_count(a.cfg.perplexity, length))
+        starts_b = b.valid.fixed_windows(length, window_count(b.cfg.perplexity, length))
         np.testing.assert_array_equal(starts_a, starts_b)
         assert np.all(np.diff(starts_a) >= length)  # non-overlapping
     first, second = perplexity_eval(a), perplexity_eval(a)
@@ -57,17 +62,19 @@ def test_windows_are_the_same_for_every_encoding(corpus: CorpusData) -> None:
 
 def test_loss_matches_a_direct_computation(corpus: CorpusData) -> None:
     ctx = context(corpus, "rope")
-    starts = ctx.valid.fixed_windows(64, window_count(ctx, 64))
+    starts = ctx.valid.fixed_windows(64, window_count(ctx.cfg.perplexity, 64))
     batch = ctx.valid.batch(starts, 64)
     with torch.no_grad():
         logits = ctx.model(batch.inputs, batch.sentence, batch.paragraph)
-    expected = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten())
+    expected = F.cross_entropy(logits.double().flatten(0, 1), batch.targets.flatten())  # mean in float64
+    # the same float32 logits up to the batch shape (4 windows a batch there, 8 here), a mean of 512
+    # losses: observed ~2e-8 of it; 1e-5 = 84 EPS32, while a target off by one position moves it by ~1e-2
     assert perplexity_eval(ctx)["loss/64"] == pytest.approx(float(expected), rel=1e-5)
 
 
 def test_bits_per_byte_divide_the_loss_by_the_text_bytes_not_the_anchors(corpus: CorpusData) -> None:
     ctx = context(corpus, "alibi")
-    starts = ctx.valid.fixed_windows(64, window_count(ctx, 64))
+    starts = ctx.valid.fixed_windows(64, window_count(ctx.cfg.perplexity, 64))
     targets = ctx.valid.batch(starts, 64).targets  # (N, 64)
     text_bytes = int((targets < 256).sum())  # byte tokens; BOS/EOS/PARA/SENT stand for no text
     assert 0 < text_bytes < targets.numel()  # the corpus has anchors
@@ -78,14 +85,17 @@ def test_bits_per_byte_divide_the_loss_by_the_text_bytes_not_the_anchors(corpus:
 
 def test_sliding_with_stride_equal_to_length_is_contiguous_windows(corpus: CorpusData) -> None:
     ctx = context(corpus, "alibi")
-    contiguous = token_losses(ctx, np.arange(4) * 32, 32)
+    contiguous = token_losses(ctx, np.arange(4) * 32, 32).double()  # the mean in float64
+    # the same float32 losses, summed in another order: observed ~4e-8 of the mean; 1e-6 = 8 EPS32, while
+    # one token of 128 counted twice or left out moves it by ~1e-3
     assert sliding_loss(ctx, 32, 32, 4 * 32) == pytest.approx(float(contiguous.mean()), rel=1e-6)
 
 
 def test_sliding_scores_each_token_once_with_more_context(corpus: CorpusData) -> None:
     ctx = context(corpus, "alibi")
-    losses = token_losses(ctx, np.array([0, 16, 32]), 64)  # windows [0,64), [16,80), [32,96)
-    expected = (losses[0].sum() + losses[1, -16:].sum() + losses[2, -16:].sum()) / (64 + 32)
+    losses = token_losses(ctx, np.array([0, 16, 32]), 64).double()  # windows [0,64), [16,80), [32,96)
+    expected = (losses[0].sum() + losses[1, -16:].sum() + losses[2, -16:].sum()) / (64 + 32)  # in float64
+    # as above: observed ~3e-8 of the mean; 1e-6 = 8 EPS32, while a token scored twice is ~1e-3 off
     assert sliding_loss(ctx, 64, 16, 96) == pytest.approx(float(expected), rel=1e-6)
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT, isolated_env, run_train
+from posab.io import atomic_write, write_json
 
 RESUMABLE = ["train.steps=30", "train.batch_size=16", "train.checkpoint_every=5", "train.val_every=5",
              "train.log_every=1", "logger=jsonl"]  # fmt: skip
@@ -184,3 +185,19 @@ def test_sigterm_stops_a_sweep_and_its_rerun_resumes_it(tmp_path: Path) -> None:
     assert resumed["status"] == "finished" and resumed["resumed_from_step"] >= 3
     second_job = sweep / first_job.name.replace("0_encoding=multiscale", "1_encoding=alibi")
     assert json.loads((second_job / "results.json").read_text())["status"] == "finished"
+
+
+def test_atomic_write_keeps_the_old_file_and_leaves_no_temp_file_when_writing_fails(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    write_json(path, {"status": "running"})
+
+    def fail(tmp: Path) -> None:
+        tmp.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(path, fail)
+    with pytest.raises(TypeError):
+        write_json(path, {("a", "tuple"): "keys must be strings"})  # type: ignore[dict-item]
+    assert json.loads(path.read_text()) == {"status": "running"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 
 from conftest import tiny_model, typed_config
-from posab.config import EvalConfig, PerplexityConfig
 from posab.data import CorpusData
 from posab.encodings import Dims, Positions
 from posab.encodings.rope import RoPE
 from posab.errors import ConfigError
+from posab.evaluate import EvalConfig, run_evaluator
 from posab.evaluate.context import EvalContext
-from posab.evaluate.perplexity import perplexity_eval, scaled_losses, token_losses, window_count
+from posab.evaluate.perplexity import PerplexityConfig, scaled_losses, token_losses, window_count
+from tolerances import assert_close_to_scale
 
 DIMS = Dims(d_model=32, n_heads=2, train_len=64)  # head_dim 16
 KINDS = ["none", "pi", "ntk", "yarn"]
@@ -28,10 +30,13 @@ def rotated(rope: RoPE, length: int = 300, seed: int = 0) -> tuple[torch.Tensor,
 
 
 def by_hand(x: torch.Tensor, positions: torch.Tensor, frequencies: list[float]) -> torch.Tensor:
-    """x (.., T, R) rotated with rotate_half: x * cos + (-x2, x1) * sin, angle = position * frequency."""
+    """x (.., T, R) rotated with rotate_half: x * cos + (-x2, x1) * sin, angle = position * frequency.
+
+    All in float64: the reference for the float32 rotation."""
     angles = positions.double()[:, None] * torch.tensor(frequencies, dtype=torch.float64)[None, :]  # (T, R/2)
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float()  # (T, R)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()  # (T, R)
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)  # (T, R)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)  # (T, R)
+    x = x.double()
     half = x.shape[-1] // 2
     rotate_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotate_half * sin
@@ -42,7 +47,7 @@ def by_hand(x: torch.Tensor, positions: torch.Tensor, frequencies: list[float]) 
 def test_every_method_at_scale_one_is_plain_rope(kind: str, rotary_dim: int | None) -> None:
     plain = RoPE(DIMS, rotary_dim=rotary_dim)
     scaled = RoPE(DIMS, rotary_dim=rotary_dim)
-    with scaled.scaled(kind, 1.0):
+    with scaled.variant(kind, 1.0):
         assert torch.equal(scaled.inv_freq, plain.inv_freq)
         for got, expected in zip(rotated(scaled), rotated(plain), strict=True):
             assert torch.equal(got, expected)
@@ -51,7 +56,7 @@ def test_every_method_at_scale_one_is_plain_rope(kind: str, rotary_dim: int | No
 def test_pi_at_two_is_plain_rope_at_half_positions() -> None:
     rope = RoPE(DIMS)
     positions = torch.arange(300)
-    with rope.scaled("pi", 2.0):
+    with rope.variant("pi", 2.0):
         cos, sin = rope.tables(positions)
     halves = positions.double() / 2  # (T,) non-integer positions
     angles = halves[:, None] * RoPE(DIMS).inv_freq[None, :]  # (T, R/2)
@@ -63,7 +68,7 @@ def test_ntk_base_formula() -> None:
     s, d = 4.0, 16
     base = 10000.0 * s ** (d / (d - 2))  # bloc97: base' = base * s^(D / (D - 2))
     rope, reference = RoPE(DIMS), RoPE(DIMS, base=base)
-    with rope.scaled("ntk", s):
+    with rope.variant("ntk", s):
         expected = torch.tensor([base ** (-2 * c / d) for c in range(d // 2)], dtype=torch.float64)
         torch.testing.assert_close(rope.inv_freq, expected, rtol=1e-12, atol=0)
         for got, want in zip(rotated(rope), rotated(reference), strict=True):
@@ -89,21 +94,26 @@ def test_yarn_matches_the_published_formula() -> None:
     rope = RoPE(dims)
     q, k = torch.randn(2, 1, 2, 50, 8, generator=torch.Generator().manual_seed(1))  # 2 x (1, H, T, D)
     pos = Positions.build(50, offset=200)
-    with rope.scaled("yarn", s):
+    with rope.variant("yarn", s):
         frequencies = rope.inv_freq
         q_yarn, k_yarn = rope.rotate(q, k, pos)
     torch.testing.assert_close(frequencies, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0)
-    q_hand, k_hand = by_hand(q, pos.token, expected), by_hand(k, pos.token, expected)
-    torch.testing.assert_close(q_yarn, scale * q_hand, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(k_yarn, scale * k_hand, rtol=1e-5, atol=1e-5)
+    q_hand, k_hand = by_hand(q, pos.token, expected), by_hand(k, pos.token, expected)  # float64
+    # float32 cos/sin tables (angles up to 250 rad, computed in float64, rounded once), x cos + rot(x) sin
+    # times sqrt(1/t): <= ~4 roundings of |x_c| + |x_c'| <= 2x the scale, observed ~1e-7 of it;
+    # 2e-6 = 17 EPS32, while a frequency off by 1e-5 of itself moves the angle at position 250 by 2.5e-3
+    assert_close_to_scale(q_yarn, scale * q_hand, rel=2e-6, msg="q")
+    assert_close_to_scale(k_yarn, scale * k_hand, rel=2e-6, msg="k")
     logits, plain = q_yarn @ k_yarn.transpose(-1, -2), q_hand @ k_hand.transpose(-1, -2)  # (1, H, T, T)
-    torch.testing.assert_close(logits, scale**2 * plain, rtol=1e-5, atol=1e-4)  # 1/t = (0.1 ln s + 1)^2
+    # 8-term float32 dot products of those: 1e-5 = 84 EPS32 of the logits' scale; without the attention
+    # factor 1/t = (0.1 ln s + 1)^2 = 1.30 they would be off by 23% of it
+    assert_close_to_scale(logits, scale**2 * plain, rel=1e-5, msg="logits")
 
 
 def test_partial_rotary_yarn_scales_every_channel() -> None:
     rope = RoPE(DIMS, rotary_dim=8)
     q, k = torch.randn(2, 1, 2, 10, 16, generator=torch.Generator().manual_seed(2))  # 2 x (1, H, T, D)
-    with rope.scaled("yarn", 3.0):
+    with rope.variant("yarn", 3.0):
         q_yarn, _ = rope.rotate(q, k, Positions.build(10))
     torch.testing.assert_close(q_yarn[..., 8:], (0.1 * math.log(3.0) + 1) * q[..., 8:])
 
@@ -112,7 +122,7 @@ def test_partial_rotary_yarn_scales_every_channel() -> None:
 def test_context_manager_restores_the_original_state(kind: str) -> None:
     rope, fresh = RoPE(DIMS), RoPE(DIMS)
     before = rotated(rope, length=100)  # fills the cache up to 100 positions
-    with rope.scaled(kind, 8.0):
+    with rope.variant(kind, 8.0):
         during = rotated(rope, length=700)  # grows a scaled cache past the original one
         assert rope.cos_cached.shape[0] >= 700
     assert rope.attention_factor == 1.0
@@ -130,7 +140,7 @@ def test_context_manager_restores_the_original_state(kind: str) -> None:
 
 def test_state_is_restored_after_an_error() -> None:
     rope = RoPE(DIMS)
-    with pytest.raises(RuntimeError), rope.scaled("yarn", 2.0):
+    with pytest.raises(RuntimeError), rope.variant("yarn", 2.0):
         rotated(rope)
         raise RuntimeError
     assert rope.attention_factor == 1.0 and rope.cos_cached.shape[0] == 0
@@ -138,9 +148,9 @@ def test_state_is_restored_after_an_error() -> None:
 
 
 def test_bad_scalings() -> None:
-    with pytest.raises(ValueError, match="unknown rope scaling"), RoPE(DIMS).scaled("linear", 2.0):
+    with pytest.raises(ValueError, match="unknown rope scaling"), RoPE(DIMS).variant("linear", 2.0):
         pass
-    with pytest.raises(ValueError, match=">= 1"), RoPE(DIMS).scaled("pi", 0.5):
+    with pytest.raises(ValueError, match=">= 1"), RoPE(DIMS).variant("pi", 0.5):
         pass
     with pytest.raises(ConfigError, match="eval.rope_scaling"):
         typed_config(["eval.rope_scaling=[none,linear]"])
@@ -149,6 +159,10 @@ def test_bad_scalings() -> None:
     with pytest.raises(ConfigError, match="eval.rope_scaling_factor"):
         typed_config(["eval.rope_scaling_factor=0.5"])
     assert typed_config().eval.rope_scaling == KINDS
+
+
+def perplexity_eval(ctx: EvalContext) -> dict[str, Any]:
+    return run_evaluator(ctx, "perplexity").results
 
 
 def context(corpus: CorpusData, encoding: str, **settings: object) -> EvalContext:
@@ -173,7 +187,7 @@ def test_perplexity_rows_per_scaling(corpus: CorpusData) -> None:
         assert len(results[f"position_loss@{kind}/128"]) == 4
         assert f"ppl@{kind}/64" not in results  # L <= train_len: the same as none
     assert not any(key.startswith(("ppl@none", "loss@none")) for key in results)
-    starts = ctx.valid.fixed_windows(128, window_count(ctx, 128))
+    starts = ctx.valid.fixed_windows(128, window_count(ctx.cfg.perplexity, 128))
     plain = token_losses(ctx, starts, 128)  # (N, L)
     for kind, losses in scaled_losses(ctx, starts, 128).items():  # untrained: small but real differences
         assert not torch.equal(losses, plain), kind

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from conftest import run_train
-from posab.config import LoggerConfig
+from posab.logging import LoggerConfig
+from posab.outputs import Curves, EvalOutput, Table
+from posab.plots import new_figure
 from posab.wandb_logger import WandbLogger, resolve_mode
 
 WANDB = Path(sys.executable).parent / "wandb"
@@ -134,6 +136,29 @@ def test_job_summary_has_evaluation_scalars_tables_and_heatmap(tiny_run: Path) -
     assert s["eval/needle_heatmap"]["_type"] == "image-file"
     assert "eval/ppl_vs_length_table" in s
     assert not [a for a in records(tiny_run, "artifact") if a["type"] == "model"]  # log_checkpoint: false
+
+
+def test_any_evaluation_output_is_logged_without_knowing_its_evaluator(tmp_path: Path) -> None:
+    """The logger logs whatever an evaluator returns: scalars to the summary, a table, a line plot and an
+    image into the history, under names it has never seen."""
+    figure = new_figure(2.0, 2.0)
+    figure.add_subplot().plot([0, 1], [1, 0])
+    output = EvalOutput(
+        scalars={"made_up/score@64": 0.25},
+        data={"made_up/grid": [[1, 2]]},
+        tables={"made_up_cells": Table(["a", "b"], [[1, 2.5], [3, 4.5]])},
+        curves={"made_up_curve": Curves("A curve", "x", {"first": ([0.0, 1.0], [2.0, 3.0])})},
+        figures={"made_up_figure": figure},
+    )
+    job = logger(tmp_path, "generic")
+    job.log_evaluation(output, step=5)
+    job.finish("finished")
+    s = summary(only_run(tmp_path))["summary"]
+    assert s["made_up/score@64"] == 0.25 and "made_up/grid" not in s
+    assert table(only_run(tmp_path), s["eval/made_up_cells"])["data"] == [[1, 2.5], [3, 4.5]]
+    curve = table(only_run(tmp_path), s["eval/made_up_curve_table"])
+    assert [row[1] for row in curve["data"]] == ["first", "first"]
+    assert s["eval/made_up_figure"]["_type"] == "image-file"
 
 
 def test_failed_job_marks_the_run_failed_and_nan_does_not_crash(tmp_path: Path) -> None:

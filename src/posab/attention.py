@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -60,13 +61,50 @@ def attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
 
 
+def attention_scores(
+    q: Tensor, k: Tensor, mask: Tensor | None, scale: Tensor | None, start: int, end: int
+) -> Tensor:
+    """Float32 scores of queries start:end over keys 0:end (later keys are masked anyway): (B, H, c, end).
+
+    q k^T / sqrt(D), times `scale` (1|B, H, T, T) when given, plus `mask` (1|B, H, T, T) additive with its
+    causal part, or the causal mask when there is none. The matmul runs in q's dtype."""
+    scores = torch.matmul(q[:, :, start:end], k[:, :, :end].transpose(-1, -2)).float()  # (B, H, c, end)
+    scores = scores / math.sqrt(q.shape[-1])
+    if scale is not None:
+        scores = scores * scale[..., start:end, :end]  # (1|B, H, c, end)
+    if mask is None:  # -inf where key j > query i = start + row
+        return scores + causal_mask(end, q.device)[start:end]  # (c, end)
+    return scores + mask[..., start:end, :end]  # (1|B, H, c, end)
+
+
+def attention_probabilities(
+    q: Tensor, k: Tensor, mask: Tensor | None, scale: Tensor | None, start: int, end: int
+) -> Tensor:
+    """softmax of `attention_scores` over the keys: (B, H, c, end) float32."""
+    return torch.softmax(attention_scores(q, k, mask, scale, start, end), dim=-1)
+
+
+@dataclass
+class AttentionInputs:
+    """What one attention layer computes its probabilities from (see `DecoderLM.forward(observe=...)`)."""
+
+    q: Tensor  # (B, H, T, D), rotated by the encoding
+    k: Tensor  # (B, H, T, D), rotated by the encoding
+    mask: Tensor | None  # (1|B, H, T, T) additive, causal part included, or None (causal only)
+    scale: Tensor | None  # (1|B, H, T, T) multiplies q.k / sqrt(D) before the mask, or None
+
+    def probabilities(self, start: int = 0, end: int | None = None) -> Tensor:
+        """The layer's attention probabilities of queries start:end over keys 0:end, in float32 from float32
+        q and k: (B, H, c, end)."""
+        end = self.q.shape[-2] if end is None else end
+        return attention_probabilities(self.q.float(), self.k.float(), self.mask, self.scale, start, end)
+
+
 def scaled_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: Tensor, dropout: float
 ) -> Tensor:
     """softmax(q k^T / sqrt(d) * scale + mask) v, in float32 for the softmax -> (B, H, T, D)."""
-    additive = mask if mask is not None else causal_mask(q.shape[-2], q.device)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])  # (B, H, T, T)
-    weights = torch.softmax(scores * scale + additive, dim=-1)
+    weights = attention_probabilities(q, k, mask, scale, 0, q.shape[-2])  # (B, H, T, T)
     weights = F.dropout(weights, dropout) if dropout else weights
     return torch.matmul(weights.to(v.dtype), v)
 

@@ -45,18 +45,16 @@ from hydra import compose, initialize_config_dir
 from torch import Tensor, nn
 from torch.profiler import ProfilerActivity, profile
 
+from posab.build import build_model, encoding_name
 from posab.config import Config, load_config
 from posab.data import Batch
 from posab.data.tokenizer import VOCAB_SIZE
+from posab.device import autocast, autocast_dtype
 from posab.encodings import Encoding, Positions
-from posab.encodings.hierarchical import Hierarchical
-from posab.encodings.multiscale import DistanceMLP, MultiScale
 from posab.model import DecoderLM
-from posab.run import build_model, encoding_name
-from posab.train import autocast, autocast_dtype, build_optimizer, lm_loss
+from posab.paths import conf_dir, encoding_names
+from posab.train import build_optimizer, lm_loss
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
-ENCODINGS = tuple(sorted(p.stem for p in (CONF / "encoding").glob("*.yaml")))
 CPU = torch.device("cpu")
 MIB = 2**20
 SENTENCE_TOKENS, PARAGRAPH_TOKENS = 60, 600  # mean sentence and paragraph lengths of the synthetic text
@@ -207,7 +205,7 @@ def log(message: str) -> None:
 def config(settings: Settings, encoding: str | None = None) -> Config:
     """The composed run config with the benchmark's overrides (and `encoding=NAME` when given)."""
     overrides = [*settings.overrides, *([f"encoding={encoding}"] if encoding else [])]
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         return load_config(compose(config_name="config", overrides=overrides))
 
 
@@ -299,37 +297,7 @@ def posab_step(cfg: Config) -> Callable[[], None]:
 # ----------------------------------------------------------------------------- section 1: biases
 
 
-def pair_bias(mlp: DistanceMLP, relative: Tensor) -> Tensor:
-    """The all-pairs method: the MLP on every pair's coordinate. (B, L, L) -> (B, H, L, L)."""
-    return mlp(relative.flatten()).view(-1, *relative.shape).transpose(0, 1)  # (H, B*L*L) -> (B, H, L, L)
-
-
-def all_pairs_multiscale(encoding: MultiScale, pos: Positions) -> Tensor:
-    """The design note's multiscale bias, b(i - j) evaluated for every (i, j): (1, H, L, L)."""
-    token = pos.token[None]  # (1, L)
-    return pair_bias(encoding.distance_mlp, token[:, :, None] - token[:, None, :])
-
-
-def all_pairs_hierarchical(encoding: Hierarchical, pos: Positions) -> Tensor:
-    """The design note's hierarchical bias: every level's MLP on every pair's relative coordinate, then
-    the linear mix over (level, head) per pair (or the sum): (B, H, L, L)."""
-    units = {"token": pos.token[None], "sentence": pos.sentence, "paragraph": pos.paragraph}
-    total: Tensor | None = None
-    for index, level in enumerate(encoding.levels):
-        coordinate = units[level]  # (1|B, L)
-        assert coordinate is not None
-        bias = pair_bias(encoding.level_mlps[level], coordinate[:, :, None] - coordinate[:, None, :])
-        if encoding.combine == "mix":
-            bias = torch.einsum("oh,bhij->boij", encoding.mix[index], bias)
-        total = bias if total is None else total + bias
-    assert total is not None
-    return total + encoding.mix_bias[None, :, None, None] if encoding.combine == "mix" else total
-
-
-BIAS_REFERENCES: dict[str, Callable[[Any, Positions], Tensor]] = {
-    "multiscale": all_pairs_multiscale,
-    "hierarchical": all_pairs_hierarchical,
-}
+BIASED = ("multiscale", "hierarchical")  # the encodings with an all-pairs reference (`reference_bias`)
 
 
 def bias_phases(
@@ -356,12 +324,12 @@ def bias_phases(
 
 def section_bias(settings: Settings) -> Result:
     result = Result("section1_bias", "1. Learned biases: distinct-distance vs all-pairs method")
-    for name, reference in BIAS_REFERENCES.items():
+    for name in BIASED:
         cfg = config(settings, name)
         encoding = posab_model(cfg).encoding
         previous: dict[str, tuple[int, float]] = {}
         for length in cfg.eval.lengths:
-            result.rows += bias_rows(name, encoding, reference, length, precision(cfg), previous, settings)
+            result.rows += bias_rows(name, encoding, length, precision(cfg), previous, settings)
     result.targets = bias_targets(result.rows)
     return result
 
@@ -369,7 +337,6 @@ def section_bias(settings: Settings) -> Result:
 def bias_rows(
     name: str,
     encoding: Encoding,
-    reference: Callable[[Any, Positions], Tensor],
     length: int,
     dtype: torch.dtype | None,
     previous: dict[str, tuple[int, float]],
@@ -379,7 +346,9 @@ def bias_rows(
     last (length, all-pairs peak bytes) measured, and is updated."""
     sentence, paragraph = document_structure(1, length, torch.Generator().manual_seed(0))
     pos = Positions.build(length, CPU, 0, sentence, paragraph)
-    distinct, all_pairs = partial(encoding.bias, pos), partial(reference, encoding, pos)
+    if encoding.reference_bias(pos) is None:
+        raise ValueError(f"{name} has no all-pairs reference bias (Encoding.reference_bias)")
+    distinct, all_pairs = partial(encoding.bias, pos), partial(encoding.reference_bias, pos)
     with torch.inference_mode(), autocast(CPU, dtype):
         expected = distinct()
     grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1)).to(expected.dtype)
@@ -453,7 +422,7 @@ def bias_targets(rows: list[dict[str, Any]]) -> list[Target]:
 
 def section_train(settings: Settings) -> Result:
     result = Result("section2_train_step", "2. Training step time for every encoding")
-    configs = {name: config(settings, name) for name in ENCODINGS}
+    configs = {name: config(settings, name) for name in encoding_names()}
     log(f"section 2: {len(configs)} encodings, interleaved")
     steps = [posab_step(cfg) for cfg in configs.values()]
     times = dict(zip(configs, median_times(steps, settings.warmup, settings.repeats), strict=True))
@@ -482,7 +451,7 @@ def section_train(settings: Settings) -> Result:
 
 def section_eval(settings: Settings) -> Result:
     result = Result("section3_eval_forward", "3. Evaluation forward pass for every encoding")
-    for name in ENCODINGS:
+    for name in encoding_names():
         cfg = config(settings, name)
         model = posab_model(cfg).eval()
         for length in cfg.eval.lengths:

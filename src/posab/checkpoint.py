@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
-from posab.config import Config
 from posab.errors import ConfigError
+from posab.io import atomic_write
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write to a temporary file beside `path`, then rename it: a crash never leaves half a checkpoint."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -36,8 +25,3 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except Exception as err:  # torch raises many types for damaged files
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"checkpoint '{path}' cannot be read (truncated or corrupted?): {reason}") from None
-
-
-def config_container(cfg: Config) -> dict[str, Any]:
-    """The typed config as plain dicts and lists."""
-    return OmegaConf.to_container(OmegaConf.structured(asdict(cfg)))  # type: ignore[return-value]

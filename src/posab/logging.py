@@ -5,16 +5,40 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from posab.errors import require
+from posab.outputs import EvalOutput
+
+BACKENDS = ("wandb", "jsonl")
+MODES = ("auto", "offline", "online", "disabled")
+
+
+@dataclass
+class LoggerConfig:
+    backend: str = "wandb"  # wandb | jsonl (metrics.jsonl in the run directory is written either way)
+    project: str = "posab"
+    entity: str | None = None
+    mode: str = (
+        "auto"  # auto: online when a W&B API key is configured, else offline | offline | online | disabled
+    )
+    group: str | None = None  # None: the experiment name (in a multirun: the sweep folder's name)
+    tags: list[str] = field(default_factory=list)
+    log_checkpoint: bool = False  # upload the final checkpoint as a W&B artifact
+
+    def validate(self) -> None:
+        require(self.backend in BACKENDS, f"logger.backend={self.backend!r}: use wandb or jsonl")
+        require(self.mode in MODES, f"logger.mode={self.mode!r}: use one of {', '.join(MODES)}")
 
 
 class Logger(Protocol):
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Scalars against the training step."""
 
-    def log_evaluation(self, results: dict[str, Any], step: int, run_dir: Path) -> None:
-        """Every evaluation result (scalars, curves, grids) and the run's figures in `run_dir`."""
+    def log_evaluation(self, output: EvalOutput, step: int) -> None:
+        """An evaluation's output: scalars, data, tables, curves, figures (whatever the logger keeps)."""
 
     def finish(self, status: str) -> None:
         """Close the logger; `status` is finished or failed."""
@@ -40,9 +64,9 @@ class JsonlLogger:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
-    def log_evaluation(self, results: dict[str, Any], step: int, run_dir: Path) -> None:
-        """Scalars only: curves and grids are in results.json."""
-        self.log({k: v for k, v in results.items() if isinstance(v, int | float)}, step)
+    def log_evaluation(self, output: EvalOutput, step: int) -> None:
+        """Scalars only: the rest is in results.json and the run's files."""
+        self.log(output.scalars, step)
 
     def finish(self, status: str) -> None:
         self._file.close()
@@ -54,7 +78,7 @@ class NullLogger:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         pass
 
-    def log_evaluation(self, results: dict[str, Any], step: int, run_dir: Path) -> None:
+    def log_evaluation(self, output: EvalOutput, step: int) -> None:
         pass
 
     def finish(self, status: str) -> None:
@@ -71,9 +95,9 @@ class MultiLogger:
         for logger in self.loggers:
             logger.log(metrics, step)
 
-    def log_evaluation(self, results: dict[str, Any], step: int, run_dir: Path) -> None:
+    def log_evaluation(self, output: EvalOutput, step: int) -> None:
         for logger in self.loggers:
-            logger.log_evaluation(results, step, run_dir)
+            logger.log_evaluation(output, step)
 
     def finish(self, status: str) -> None:
         for logger in self.loggers:

@@ -8,14 +8,49 @@ layers. There is no length cap: a model trained at 512 runs at any length.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posab.attention import attention, causal_mask
-from posab.config import ModelConfig
+from posab.attention import AttentionInputs, attention, causal_mask
 from posab.encodings import Encoding, Positions
+from posab.errors import require, require_positive
+
+BACKENDS = ("sdpa", "flex")
+Observer = Callable[[AttentionInputs], None]  # called by each layer, in order, with what it attends from
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    attention: str = "sdpa"  # sdpa | flex (FlexAttention on GPUs, and in evaluation on the CPU)
+
+    def validate(self) -> None:
+        require_positive("model", self, ("d_model", "n_layers", "n_heads", "mlp_ratio"))
+        require(self.attention in BACKENDS, f"model.attention={self.attention!r}: use sdpa or flex")
+        require(
+            self.d_model % self.n_heads == 0,
+            f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}",
+        )
+        require(0 <= self.dropout < 1, f"model.dropout={self.dropout} must be in [0, 1)")
+
+
+@dataclass
+class LayerContext:
+    """What every layer's attention shares in one forward pass: built once by `DecoderLM.forward`."""
+
+    encoding: Encoding
+    pos: Positions
+    mask: Tensor | None  # (1|B, H, T, T) additive, causal part included, or None (causal only)
+    scale: Tensor | None  # (1|B, H, T, T) multiplies q.k / sqrt(D) before the mask, or None
+    observe: Observer | None  # called by each layer with its `AttentionInputs`, or None
 
 
 def attention_mask(bias: Tensor | None, length: int, dtype: torch.dtype) -> Tensor | None:
@@ -40,15 +75,24 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.backend = cfg.attention
 
-    def forward(
-        self, x: Tensor, encoding: Encoding, pos: Positions, mask: Tensor | None, scale: Tensor | None = None
-    ) -> Tensor:
+    def queries_keys_values(
+        self, x: Tensor, encoding: Encoding, pos: Positions
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x: (B, T, C) -> q, k (rotated by the encoding) and v: 3 x (B, H, T, D)."""
         b, t, c = x.shape
-        qkv = self.qkv(x).view(b, t, 3, self.n_heads, c // self.n_heads)  # (B, T, 3, H, D)
+        qkv = self.qkv(x).view(b, t, 3, self.n_heads, c // self.n_heads)  # (B, T, 3C) -> (B, T, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, D)
         q, k = encoding.rotate(q, k, pos)
+        return q, k, v
+
+    def forward(self, x: Tensor, layer: LayerContext) -> Tensor:
+        """x: (B, T, C) -> (B, T, C); `layer.observe`, when set, receives q, k, mask and scale first."""
+        b, t, c = x.shape
+        q, k, v = self.queries_keys_values(x, layer.encoding, layer.pos)  # 3 x (B, H, T, D)
+        if layer.observe is not None:
+            layer.observe(AttentionInputs(q, k, layer.mask, layer.scale))
         dropout = self.dropout if self.training else 0.0
-        y = attention(q, k, v, mask, dropout, self.backend, scale)  # (B, H, T, D)
+        y = attention(q, k, v, layer.mask, dropout, self.backend, layer.scale)  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))  # (B, H, T, D) -> (B, T, C)
 
 
@@ -71,10 +115,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(
-        self, x: Tensor, encoding: Encoding, pos: Positions, mask: Tensor | None, scale: Tensor | None = None
-    ) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), encoding, pos, mask, scale))
+    def forward(self, x: Tensor, layer: LayerContext) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), layer))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -108,15 +150,18 @@ class DecoderLM(nn.Module):
         sentence: Tensor | None = None,
         paragraph: Tensor | None = None,
         offset: int = 0,
+        observe: Observer | None = None,
     ) -> Tensor:
-        """tokens, sentence, paragraph: (B, T) -> logits (B, T, V). `offset` shifts every token position."""
+        """tokens, sentence, paragraph: (B, T) -> logits (B, T, V). `offset` shifts every token position;
+        `observe` is called by every layer, in order, with the inputs of its attention (`AttentionInputs`)."""
         _, t = tokens.shape
         pos = Positions.build(t, tokens.device, offset, sentence, paragraph)
         x = self.encoding.embed(self.embed(tokens), pos)  # (B, T, C)
         mask = self._mask(pos, attention_dtype(x))
         scale = self.encoding.score_scale(pos)  # (1|B, H, T, T) or, for most encodings, None
+        layer = LayerContext(self.encoding, pos, mask, scale, observe)
         for block in self.blocks:
-            x = block(x, self.encoding, pos, mask, scale)
+            x = block(x, layer)
         return self.head(self.norm(x))
 
     def _mask(self, pos: Positions, dtype: torch.dtype) -> Tensor | None:

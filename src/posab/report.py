@@ -34,12 +34,15 @@ import numpy as np
 from cycler import cycler
 from matplotlib import colormaps
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, NullFormatter
 from omegaconf import OmegaConf
 
-from posab.evaluate.needle import needle_heatmap
+from posab.evaluate import evaluator_classes
+from posab.outputs import Column
+from posab.paths import conf_dir
+from posab.plots import needle_heatmap, new_figure, save_figure
+from posab.results import bin_centres, flatten, is_number
 
 # Config keys (and key prefixes) that never make a row of their own: the seed, the study itself, where
 # files live, logging and progress settings, and Hydra's own keys.
@@ -73,7 +76,6 @@ INFO_COLUMNS = (
     "device",
     "precision",
 )
-ENCODING_CONF = Path(__file__).resolve().parents[2] / "conf" / "encoding"  # in a source checkout
 RUN_METRICS = ("tokens_per_s", "train_loss", "val_loss", "wall_time_s")  # top-level keys of results.json
 SUMMARY_METRICS = (
     "params/total",
@@ -170,15 +172,15 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
     except (OSError, ValueError) as err:
         results = {"status": "failed", "error": f"unreadable results.json: {err}"}
     raw = OmegaConf.to_container(OmegaConf.load(path / "config.yaml"), resolve=False)
-    config = flatten(raw if isinstance(raw, dict) else {})
+    config = yaml_values(raw if isinstance(raw, dict) else {})
     config = {**encoding_defaults(config.get("encoding.name", "")), **config}
-    metrics = {k: float(results[k]) for k in RUN_METRICS if _is_number(results.get(k))}
+    metrics = {k: float(results[k]) for k in RUN_METRICS if is_number(results.get(k))}
     metrics.update(
-        {f"params/{k}": float(v) for k, v in (results.get("params") or {}).items() if _is_number(v)}
+        {f"params/{k}": float(v) for k, v in (results.get("params") or {}).items() if is_number(v)}
     )
     series: dict[str, list[float]] = {}
     for key, value in (results.get("eval") or {}).items():
-        if _is_number(value):
+        if is_number(value):
             metrics[key] = float(value)
         elif key.startswith(SERIES_PREFIX) and isinstance(value, list):
             series[key] = [float(v) for v in value]
@@ -219,11 +221,11 @@ def encoding_defaults(encoding: str) -> dict[str, str]:
 
     A run made before an encoding option existed lacks the key; it ran with what is now the option's
     default (new options keep the old behaviour by default), so the report fills it in from there."""
-    path = ENCODING_CONF / f"{encoding}.yaml"
+    path = conf_dir() / "encoding" / f"{encoding}.yaml"
     if not encoding or not path.is_file():
         return {}
     options = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    return flatten({"encoding": options}) if isinstance(options, dict) else {}
+    return yaml_values({"encoding": options}) if isinstance(options, dict) else {}
 
 
 def _encoding_from(config: dict[str, str], overrides: str) -> str:
@@ -233,19 +235,9 @@ def _encoding_from(config: dict[str, str], overrides: str) -> str:
     return match.group(1) if match else "unknown"
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def flatten(node: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def yaml_values(node: dict[str, Any]) -> dict[str, str]:
     """Nested config -> {"dotted.key": value as YAML would write it} (true, null, [1, 2], 0.003)."""
-    flat: dict[str, str] = {}
-    for key, value in node.items():
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value if isinstance(value, str) else json.dumps(value)
-    return flat
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in flatten(node).items()}
 
 
 def load_csv(path: Path) -> list[RunRecord]:
@@ -413,89 +405,30 @@ def _keys_matching(runs: Iterable[RunRecord], pattern: str) -> list[int]:
 # -------------------------------------------------------------------------------------------------- table
 
 
-@dataclass(frozen=True)
-class Column:
-    """One metric column of a study table: the results key behind it and how its cells are formatted."""
-
-    header: str
-    key: str
-    fmt: str  # format spec of the mean and the std
-    legend: str
+RUN_COLUMNS = (
+    Column("tokens/s", "tokens_per_s", ".0f", "training throughput, tokens per second (`tokens_per_s`)"),
+    Column(
+        "wall s",
+        "wall_time_s",
+        ".0f",
+        "wall time of the whole job in seconds: start-up, training and evaluations (`wall_time_s`; "
+        "of the last attempt only for a resumed run)",
+    ),
+    Column(
+        "val loss",
+        "val_loss",
+        ".3f",
+        "final validation loss, nats/token, on `train.val_windows` windows of `train.seq_len` tokens "
+        "after the last step (`val_loss`)",
+    ),
+)
 
 
 def study_columns(rows: Sequence[Row]) -> list[Column]:
-    """The columns of one study's table: its evaluation lengths and its largest shift offset/prefix."""
-    runs = [r for row in rows for r in row.runs]
-    columns = [
-        Column("tokens/s", "tokens_per_s", ".0f", "training throughput, tokens per second (`tokens_per_s`)"),
-        Column(
-            "wall s",
-            "wall_time_s",
-            ".0f",
-            "wall time of the whole job in seconds: start-up, training and evaluations (`wall_time_s`; "
-            "of the last attempt only for a resumed run)",
-        ),
-        Column(
-            "val loss",
-            "val_loss",
-            ".3f",
-            "final validation loss, nats/token, on `train.val_windows` windows of `train.seq_len` tokens "
-            "after the last step (`val_loss`)",
-        ),
-    ]
-    columns += [
-        Column(
-            f"ppl@{n}",
-            f"ppl/{n}",
-            ".2f",
-            f"perplexity over fixed non-overlapping windows of {n} tokens, each scored from its own start "
-            f"(`ppl/{n}`)",
-        )
-        for n in _keys_matching(runs, r"ppl/(\d+)")
-    ]
-    if any("needle/acc" in r.metrics for r in runs):
-        columns.append(
-            Column(
-                "needle acc",
-                "needle/acc",
-                ".2f",
-                "passkey accuracy over every length and depth (`needle/acc`)",
-            )
-        )
-    if any("needle/logprob" in r.metrics for r in runs):
-        columns.append(
-            Column(
-                "key logprob",
-                "needle/logprob",
-                ".2f",
-                "log-probability (nats) of the whole passkey given the prompt (summed over its digits), mean "
-                "over every length and depth (`needle/logprob`; uniform over the 10 digits: 5 ln 0.1 "
-                "= -11.51 for 5-digit keys)",
-            )
-        )
-    if offsets := _keys_matching(runs, r"shift/offset(\d+)/kl"):
-        k = offsets[-1]
-        columns.append(
-            Column(
-                f"KL offset {k}",
-                f"shift/offset{k}/kl",
-                ".3g",
-                f"mean KL(p_ref ‖ p_shift) of next-token distributions when every position is offset by {k}, "
-                f"the largest offset evaluated (`shift/offset{k}/kl`; 0 = offset-invariant)",
-            )
-        )
-    if prefixes := _keys_matching(runs, r"shift/prefix(\d+)/dloss"):
-        k = prefixes[-1]
-        columns.append(
-            Column(
-                f"Δloss prefix {k}",
-                f"shift/prefix{k}/dloss",
-                ".3f",
-                f"mean loss change on the same window when {k} tokens of context are prepended, the largest "
-                f"prefix evaluated (`shift/prefix{k}/dloss`; < 0: the extra context helps)",
-            )
-        )
-    return columns
+    """The columns of one study's table: the run's own, then those each evaluator declares for the keys
+    the study's runs have (`Evaluator.report_columns`), in the evaluators' order."""
+    keys = {k for row in rows for r in row.runs for k in r.metrics}
+    return [*RUN_COLUMNS, *(c for cls in evaluator_classes() for c in cls.report_columns(keys))]
 
 
 def mean_std(values: Sequence[float], fmt: str, n: int) -> str:
@@ -543,8 +476,7 @@ TAB10 = list(colormaps["tab10"].colors)
 
 
 def _figure(ncols: int = 1, width: float = 7.5) -> tuple[Figure, list[Axes]]:
-    fig = Figure(figsize=(width, 4.5), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(width, 4.5, layout="constrained")
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     for ax in axes:  # 30 distinct line styles: ten colours, solid, then dashed, then dotted
         ax.set_prop_cycle(cycler(linestyle=["-", "--", ":"]) * cycler(color=TAB10))
@@ -554,8 +486,7 @@ def _figure(ncols: int = 1, width: float = 7.5) -> tuple[Figure, list[Axes]]:
 def _save(fig: Figure, path: Path, legend_ax: Axes) -> Path:
     """Legend to the right of `legend_ax`, then write the PNG."""
     legend_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    return save_figure(fig, path)
 
 
 def _train_lengths(ax: Axes, rows: Sequence[Row]) -> None:
@@ -606,8 +537,7 @@ def plot_position_loss(rows: dict[str, Row], path: Path) -> Path | None:
         n = lengths[-1]
         curves = [r.series[f"{SERIES_PREFIX}{n}"] for r in row.runs if f"{SERIES_PREFIX}{n}" in r.series]
         mean = np.mean(np.asarray(curves, dtype=np.float64), axis=0)
-        positions = (np.arange(len(mean)) + 0.5) * n / len(mean)
-        ax.plot(positions, mean, label=f"{name} (L={n})")
+        ax.plot(bin_centres(n, len(mean)), mean, label=f"{name} (L={n})")
         drawn = True
     if not drawn:
         return None
@@ -632,7 +562,8 @@ def plot_needle(name: str, row: Row, path: Path) -> Path | None:
     depths = sorted({d for _, d in cells}, key=float)
     acc = [[_mean(row.values(f"needle/acc@{n}/depth{d}")) for d in depths] for n in lengths]
     grid = {"lengths": lengths, "depths": [float(d) for d in depths], "acc": acc}
-    return needle_heatmap(grid, path, f"Passkey accuracy: {name} (mean over {len(row.runs)} seeds)")
+    title = f"Passkey accuracy: {name} (mean over {len(row.runs)} seeds)"
+    return save_figure(needle_heatmap(grid, title), path)
 
 
 def plot_shift(rows: dict[str, Row], path: Path) -> Path | None:

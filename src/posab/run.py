@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import os
 import platform
 import random
 import subprocess
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,33 +19,29 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posab.checkpoint import config_container, load_checkpoint, save_checkpoint
-from posab.config import Config, load_config
-from posab.data import TokenStream, prepare_data
+from posab.build import build_model, encoding_name
+from posab.checkpoint import load_checkpoint, save_checkpoint
+from posab.config import Config, config_container, load_config
+from posab.data import CorpusData, TokenStream, TrainSampler, prepare_data
+from posab.device import autocast_dtype, resolve_device
 from posab.distributed import World, barrier, world
-from posab.encodings import Dims, build_encoding
 from posab.errors import ConfigError, Preempted
-from posab.evaluate import EvalContext, run_evaluations
-from posab.evaluate.attention_analysis import attention_plot
-from posab.evaluate.needle import needle_heatmap
+from posab.evaluate import EvalContext, enabled_evaluators, run_evaluations
+from posab.io import write_json, write_text
 from posab.logging import JsonlLogger, Logger, MultiLogger, NullLogger
 from posab.model import DecoderLM
-from posab.train import Trainer, autocast_dtype, resolve_device
+from posab.outputs import EvalOutput, Table
+from posab.paths import source_root
+from posab.plots import save_figure
+from posab.results import flatten
+from posab.train import Trainer
 from posab.wandb_logger import RUN_ID_FILE, WandbLogger
 
 log = logging.getLogger(__name__)
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Write JSON to a temporary file beside `path`, then rename it (readers never see half a file)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, path)
-
-
 def git_commit() -> str:
-    root = Path(__file__).resolve().parents[2]
+    root = source_root()
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
@@ -58,22 +55,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def max_positions(cfg: Config) -> int:
-    """One more than the largest token position any part of the run will use."""
-    e, train_len = cfg.eval, cfg.train.seq_len
-    longest_shift = max([0, *e.shift.offsets, *e.shift.prefix_lengths]) + train_len if e.shift.enabled else 0
-    return max([train_len, *e.lengths, *(e.needle.lengths or []), longest_shift]) + 1
-
-
-def build_model(cfg: Config, vocab_size: int) -> DecoderLM:
-    dims = Dims(cfg.model.d_model, cfg.model.n_heads, cfg.train.seq_len, max_positions(cfg))
-    return DecoderLM(cfg.model, vocab_size, build_encoding(cfg.encoding, dims))
-
-
-def encoding_name(cfg: Config) -> str:
-    return str(cfg.encoding.get("name") or cfg.encoding["_target_"].rsplit(".", 1)[-1].lower())
 
 
 @dataclass(frozen=True)
@@ -272,26 +253,12 @@ def check_compatible(
         raise ConfigError(f"checkpoint '{path}' comes from an incompatible config: {details}")
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
 def truncate_metrics(path: Path, step: int) -> None:
     """Keep the lines of metrics.jsonl up to `step` (atomically)."""
     if not path.is_file():
         return
     kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    write_text(path, "".join(line + "\n" for line in kept))
 
 
 def run_header(cfg: Config) -> dict[str, Any]:
@@ -310,8 +277,11 @@ def run_header(cfg: Config) -> dict[str, Any]:
 
 
 def check_eval_lengths(cfg: Config, valid: TokenStream) -> None:
-    """Fail before training when the validation split cannot supply an evaluation length."""
-    lengths = set(cfg.eval.lengths) | set(cfg.eval.needle.lengths or [])
+    """Fail before training when the validation split cannot supply an evaluation length (`eval.lengths`
+    and the window lengths of every enabled evaluator)."""
+    lengths = set(cfg.eval.lengths)
+    for evaluator in enabled_evaluators(cfg.eval):
+        lengths |= set(evaluator.window_lengths(cfg.eval))
     too_long = sorted(n for n in lengths if valid.windows_available(n) == 0)
     if too_long:
         raise ConfigError(
@@ -332,7 +302,8 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
         if world().is_main:
             save_checkpoint(run_dir / CHECKPOINTS[kind], {**state, "config": config})
 
-    trainer = Trainer(model, data, cfg, logger, device, checkpoint)
+    sampler, valid = train_sampler(cfg, data), data.streams["valid"]
+    trainer = Trainer(model, sampler, valid, cfg.train, logger, device, checkpoint)
     if resume is not None:
         trainer.load_state_dict(resume)
     result = trainer.fit()
@@ -347,23 +318,59 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
         "data": {"cache": str(data.cache_dir.name), "tokens": {s: len(st) for s, st in data.streams.items()}},
     }
     if world().is_main:  # the final evaluations run on rank 0; the other ranks wait
-        ctx = EvalContext(
-            model, data.tokenizer, data.streams["valid"], device, trainer.dtype, cfg.train.seq_len, cfg.eval
-        )
-        summary["eval"] = evaluate(ctx, run_dir, logger, step=result.steps, title=encoding_name(cfg))
+        ctx = eval_context(cfg, model, data, device, trainer.dtype)
+        summary["eval"] = evaluate(ctx, run_dir, logger, step=result.steps)
     barrier()
     return summary
 
 
-def evaluate(ctx: EvalContext, run_dir: Path, logger: Logger, step: int, title: str) -> dict[str, Any]:
-    """Run the evaluators, log their scalars, draw the needle heatmap; returns every result."""
-    results = run_evaluations(ctx)
-    if "needle/grid" in results:
-        needle_heatmap(results["needle/grid"], run_dir / "needle_heatmap.png", title)
-    if "attn/grid" in results:
-        attention_plot(results["attn/grid"], run_dir / "attention.png", title)
-    logger.log_evaluation(results, step, run_dir)
-    return results
+def train_sampler(cfg: Config, data: CorpusData) -> TrainSampler:
+    """Training windows, a share `data.needle_rate` of them passkey examples in the needle evaluation's
+    format (`eval.needle.key_digits`); this rank's rows of every global batch."""
+    w = world()
+    return TrainSampler(
+        data.streams["train"],
+        data.tokenizer,
+        cfg.train.seq_len,
+        cfg.train.batch_size,
+        cfg.seed,
+        cfg.data.needle_rate,
+        cfg.eval.needle.key_digits,
+        shard=(w.rank, w.size),
+    )
+
+
+def eval_context(
+    cfg: Config, model: DecoderLM, data: CorpusData, device: torch.device, dtype: torch.dtype | None
+) -> EvalContext:
+    valid = data.streams["valid"]
+    return EvalContext(
+        model, data.tokenizer, valid, device, dtype, cfg.train.seq_len, cfg.eval, title=encoding_name(cfg)
+    )
+
+
+def evaluate(ctx: EvalContext, run_dir: Path, logger: Logger, step: int) -> dict[str, Any]:
+    """Run the evaluators, write their tables and figures into `run_dir` and log their output; returns the
+    scalars and data (results.json's `eval`)."""
+    output = run_evaluations(ctx)
+    write_output_files(output, run_dir)
+    logger.log_evaluation(output, step)
+    return output.results
+
+
+def write_output_files(output: EvalOutput, folder: Path) -> list[Path]:
+    """Each table as `<name>.csv` and each figure as `<name>.png` in `folder`."""
+    written = [write_text(folder / f"{name}.csv", table_csv(table)) for name, table in output.tables.items()]
+    written += [save_figure(figure, folder / f"{name}.png") for name, figure in output.figures.items()]
+    return written
+
+
+def table_csv(table: Table) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(table.columns)
+    writer.writerows(table.rows)
+    return buffer.getvalue()
 
 
 REEVAL_PREFIXES = ("eval.", "train.device=", "train.precision=", "data.cache_dir=", "data.path=")
@@ -387,14 +394,11 @@ def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path | None = None)
     check_compatible(state.get("config", {}), config_container(cfg), path, ("model", "encoding"))
     model.load_state_dict(state["model"])
     model.to(device)
-    dtype = autocast_dtype(cfg.train.precision, device)
-    ctx = EvalContext(
-        model, data.tokenizer, data.streams["valid"], device, dtype, cfg.train.seq_len, cfg.eval
-    )
+    ctx = eval_context(cfg, model, data, device, autocast_dtype(cfg.train.precision, device))
     out_dir = out_dir or run_dir / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     logger = JsonlLogger(out_dir / "metrics.jsonl")
-    results = evaluate(ctx, out_dir, logger, step=0, title=encoding_name(cfg))
+    results = evaluate(ctx, out_dir, logger, step=0)
     logger.finish("finished")
     write_json(out_dir / "results.json", {"overrides": overrides, "eval": results})
     return results

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import signal
@@ -18,12 +17,52 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from posab.config import Config, TrainConfig
-from posab.data import Batch, CorpusData, TokenStream, TrainSampler
+from posab.data import Batch, TokenStream, TrainSampler
+from posab.device import autocast, autocast_dtype
 from posab.distributed import any_rank, mean_across_ranks, sum_across_ranks, world
-from posab.errors import ConfigError, Preempted, TrainingError
+from posab.errors import Preempted, TrainingError, require, require_positive
 from posab.logging import Logger
 from posab.model import DecoderLM
+
+PRECISIONS = ("auto", "bf16", "fp32")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = 512
+    batch_size: int = 16
+    grad_accum: int = 1
+    steps: int = 600
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    precision: str = "auto"  # auto | bf16 | fp32
+    device: str = "auto"  # auto | cpu | cuda
+    val_every: int = 100
+    val_windows: int = 32
+    log_every: int = 10
+    progress: bool = True
+    compile: bool = False  # torch.compile the model for training
+    checkpoint_every: int = 100
+    keep_best: bool = False  # also keep checkpoint_best.pt (lowest validation loss)
+    resume: str = "auto"  # auto: continue from the run directory's checkpoint if it has one | never
+    overwrite: bool = False  # allow reusing the directory of a finished run
+
+    def validate(self) -> None:
+        """Check values that types alone cannot, before any work is done."""
+        counts = ("seq_len", "batch_size", "grad_accum", "steps", "val_every", "val_windows", "log_every")
+        require_positive("train", self, (*counts, "checkpoint_every"))
+        require(self.lr > 0, f"train.lr={self.lr} must be positive")
+        require(self.resume in ("auto", "never"), f"train.resume={self.resume!r}: use auto or never")
+        require(self.warmup_steps >= 0, f"train.warmup_steps={self.warmup_steps} must be >= 0")
+        require(0 <= self.min_lr_ratio <= 1, f"train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        require(self.precision in PRECISIONS, f"train.precision={self.precision!r}: use auto, bf16 or fp32")
+        require(self.device in DEVICES, f"train.device={self.device!r}: use auto, cpu or cuda")
 
 
 @dataclass
@@ -34,33 +73,6 @@ class TrainResult:
     steps: int
     tokens: int
     train_time_s: float
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda but no CUDA device is available; use auto or cpu")
-    return torch.device(name)
-
-
-def bf16_supported(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """bf16 when asked, or with `auto` where the hardware has native bf16; None means fp32."""
-    if precision == "fp32" or (precision == "auto" and not bf16_supported(device)):
-        return None
-    return torch.bfloat16
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[None]:
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def lr_multiplier(step: int, cfg: TrainConfig) -> float:
@@ -171,32 +183,23 @@ class Trainer:
     def __init__(
         self,
         model: DecoderLM,
-        data: CorpusData,
-        run_cfg: Config,
+        sampler: TrainSampler,
+        valid: TokenStream,
+        cfg: TrainConfig,
         logger: Logger,
         device: torch.device,
         checkpoint: Callable[[dict[str, Any], str], None],
     ) -> None:
-        """`checkpoint(state, kind)` stores a state (`kind`: latest or best)."""
-        cfg = run_cfg.train
+        """`sampler` draws the training batches (this rank's rows); `valid` is the validation split;
+        `checkpoint(state, kind)` stores a state (`kind`: latest or best)."""
         self.model, self.cfg, self.logger, self.device = model, cfg, logger, device
         self.checkpoint = checkpoint
-        w = world()
-        self.parallel = DistributedDataParallel(model) if w.distributed else model  # gradients averaged
+        self.parallel = DistributedDataParallel(model) if world().distributed else model  # gradients averaged
         if cfg.compile:
             self.parallel = torch.compile(self.parallel)
-        self.sampler = TrainSampler(
-            data.streams["train"],
-            data.tokenizer,
-            cfg.seq_len,
-            cfg.batch_size,
-            run_cfg.seed,
-            run_cfg.data.needle_rate,
-            run_cfg.eval.needle.key_digits,
-            shard=(w.rank, w.size),
-        )
-        self.valid_stream = data.streams["valid"]
-        self.valid_starts = self.valid_stream.fixed_windows(cfg.seq_len, cfg.val_windows)
+        self.sampler = sampler
+        self.valid_stream = valid
+        self.valid_starts = valid.fixed_windows(cfg.seq_len, cfg.val_windows)
         self.optimizer = build_optimizer(model, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_multiplier(s, cfg))
         self.dtype = autocast_dtype(cfg.precision, device)

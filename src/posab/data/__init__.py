@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from posab.config import DataConfig
 from posab.data.bpe import TOKENIZER_FILE, BPETokenizer
+from posab.data.config import DataConfig, SyntheticConfig
 from posab.data.corpora import corpus_identity, load_documents
 from posab.data.passkey import filler_length, passkey_batch
-from posab.data.streams import Batch, TokenStream, cache_key, encode_splits, load_cached, write_cache
+from posab.data.streams import Batch, TokenStream, cache_key, encode_splits, fill_cache, load_cached
 from posab.data.tokenizer import ByteTokenizer, Encoded, Tokenizer
 from posab.errors import ConfigError
+from posab.io import publish_directory
 
-__all__ = ["Batch", "CorpusData", "TokenStream", "TrainSampler", "prepare_data"]
+__all__ = [
+    "Batch",
+    "CorpusData",
+    "DataConfig",
+    "SyntheticConfig",
+    "TokenStream",
+    "TrainSampler",
+    "prepare_data",
+]
 
 log = logging.getLogger(__name__)
 
@@ -84,24 +90,17 @@ def load_tokenizer(cfg: DataConfig, folder: Path) -> Tokenizer:
 def publish(
     folder: Path, encoded: dict[str, Encoded], identity: dict[str, Any], tokenizer: Tokenizer
 ) -> None:
-    """Cache the streams in `folder`; a BPE tokenizer goes with them, in one atomic rename.
+    """Cache the streams in `folder`, a BPE tokenizer with them, in one atomic rename.
 
     When another process has published `folder` first, its cache is kept (and ours dropped).
     """
-    if not isinstance(tokenizer, BPETokenizer):
-        write_cache(folder, encoded, identity)
-        return
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".bpe"))
-    try:
-        write_cache(staging / "cache", encoded, identity)
-        tokenizer.save(staging / "cache" / TOKENIZER_FILE)
-        os.replace(staging / "cache", folder)
-    except OSError:
-        if not (folder / "meta.json").exists():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    def fill(staging: Path) -> None:
+        fill_cache(staging, encoded, identity)
+        if isinstance(tokenizer, BPETokenizer):
+            tokenizer.save(staging / TOKENIZER_FILE)
+
+    publish_directory(folder, fill)
 
 
 class TrainSampler:

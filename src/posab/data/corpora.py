@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from posab.config import DataConfig
+from posab.data.config import DataConfig
 from posab.data.synthetic import SyntheticSpec, generate_corpus
 from posab.errors import ConfigError
 

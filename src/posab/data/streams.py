@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,22 +118,13 @@ def load_cached(folder: Path) -> dict[str, TokenStream] | None:
     }
 
 
-def write_cache(folder: Path, encoded: dict[str, Encoded], identity: dict[str, Any]) -> None:
-    """Write the streams to a temporary folder, then rename it into place (atomic for readers)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
-    try:
-        for split, enc in encoded.items():
-            for name in FIELDS:
-                np.save(tmp / f"{split}.{name}.npy", getattr(enc, name))
-        meta = {"splits": list(encoded), "corpus": identity, "sizes": {s: len(e) for s, e in encoded.items()}}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, folder)
-    except OSError:
-        if not (folder / "meta.json").exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def fill_cache(folder: Path, encoded: dict[str, Encoded], identity: dict[str, Any]) -> None:
+    """Write the streams and their meta.json into an existing `folder` (see `posab.data.publish`)."""
+    for split, enc in encoded.items():
+        for name in FIELDS:
+            np.save(folder / f"{split}.{name}.npy", getattr(enc, name))
+    meta = {"splits": list(encoded), "corpus": identity, "sizes": {s: len(e) for s, e in encoded.items()}}
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
 def encode_splits(docs: dict[str, list[str]], tokenizer: Tokenizer) -> dict[str, Encoded]:

@@ -1,6 +1,5 @@
 """Positional encodings. One file per encoding here, one YAML per encoding in conf/encoding/."""
 
-import inspect
 from typing import Any
 
 from hydra.utils import get_class
@@ -17,24 +16,17 @@ def encoding_params(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def encoding_class(spec: dict[str, Any]) -> type[Encoding]:
-    """The class an encoding config node names, after checking that it takes every key of the node.
-
-    A key the constructor does not take is reported with the keys it does take.
-    """
-    params = encoding_params(spec)
+    """The class an encoding config node names, after it has checked the node's settings
+    (`Encoding.check_params`: every key a parameter, every value of the parameter's type)."""
+    if "_target_" not in spec:
+        raise ConfigError("encoding: no _target_; pick one with encoding=NAME")
     try:
         cls = get_class(spec["_target_"])
     except Exception as err:
         raise ConfigError(f"encoding _target_={spec['_target_']!r} cannot be imported: {err}") from None
     if not (isinstance(cls, type) and issubclass(cls, Encoding)):
         raise ConfigError(f"encoding _target_={spec['_target_']!r} is not a posab Encoding class")
-    accepted = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "dims")]
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise ConfigError(
-            f"encoding {spec.get('name', spec['_target_'])!r} has no setting {', '.join(unknown)}; "
-            f"valid settings: {', '.join(accepted) or '(none)'}"
-        )
+    cls.check_params(encoding_params(spec), str(spec.get("name", spec["_target_"])))
     return cls
 
 

@@ -2,16 +2,25 @@
 
 An encoding may add to the token embeddings (`embed`), rotate queries and keys (`rotate`), return an
 additive attention bias (`bias`) and/or a multiplicative factor on the attention scores (`score_scale`).
-All are no-ops by default. Everything an encoding needs about
-positions arrives in one `Positions` value.
+All are no-ops by default. Everything an encoding needs about positions arrives in one `Positions` value.
+An encoding may also offer evaluation-time variants (`variants`, `variant`: RoPE's context extensions),
+and checks its own config node (`check_params`).
 """
 
 from __future__ import annotations
 
+import inspect
+import types
+import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, get_type_hints
 
 import torch
 from torch import Tensor, nn
+
+from posab.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,7 @@ class Encoding(nn.Module):
 
     relative_only: bool = True
     static_bias: bool = False  # the bias depends only on the sequence length (it may be cached per length)
+    variants: tuple[str, ...] = ()  # evaluation-time variants `variant` accepts (none by default)
 
     def __init__(self, dims: Dims) -> None:
         super().__init__()
@@ -89,6 +99,38 @@ class Encoding(nn.Module):
         """Multiplicative factor (1 or B, H, T, T) on q.k / sqrt(d) before the bias, or None (form (2))."""
         return None
 
+    def reference_bias(self, pos: Positions) -> Tensor | None:
+        """The bias as its definition reads, computed for every (query, key) pair (1 or B, H, T, T): the slow
+        reference that `bias` must equal (tests, benchmark), or None when there is no separate one."""
+        return None
+
+    @contextmanager
+    def variant(self, kind: str, factor: float, train_len: int | None = None) -> Iterator[None]:
+        """Run as evaluation-time variant `kind` (one of `variants`) at scale factor `factor` >= 1, with
+        `train_len` the training length; the encoding is restored on exit."""
+        raise ValueError(f"{type(self).__name__} has no evaluation-time variant {kind!r}")
+        yield
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any], label: str) -> None:
+        """Check a config node's settings against the constructor: every key is a parameter, and every value
+        has the parameter's annotated type. Raises a ConfigError naming the setting, its value and what
+        would be valid (`label`: the encoding's name). Subclasses may check values too."""
+        signature = inspect.signature(cls.__init__)
+        accepted = [name for name in signature.parameters if name not in ("self", "dims")]
+        unknown = sorted(set(params) - set(accepted))
+        if unknown:
+            raise ConfigError(
+                f"encoding {label!r} has no setting {', '.join(unknown)}; "
+                f"valid settings: {', '.join(accepted) or '(none)'}"
+            )
+        hints = get_type_hints(cls.__init__)
+        for name, value in params.items():
+            if name in hints and not value_matches(value, hints[name]):
+                raise ConfigError(
+                    f"encoding {label!r}: {name}={value!r} is not a valid {type_name(hints[name])}"
+                )
+
 
 def distances(length: int, device: torch.device | str) -> Tensor:
     """The 2L-1 distinct query-minus-key distances, -(L-1) .. L-1, as float: (2L-1,)."""
@@ -103,3 +145,35 @@ def toeplitz(table: Tensor, length: int) -> Tensor:
     """
     # unfold: windows[h, i, m] = table[h, i + m]; reading m = L-1-j gives table[h, (L-1) + i - j]
     return table.unfold(-1, length, 1).flip(-1)  # (H, L, L)
+
+
+def value_matches(value: Any, hint: Any) -> bool:
+    """Whether a config value (as OmegaConf gives it: plain scalars, lists) fits a parameter annotation:
+    int, float (an int is accepted), bool, str, None, unions of these, list[...] and tuple[X, ...]."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(value_matches(value, arg) for arg in args)
+    if origin in (list, tuple):
+        item = args[0] if args else Any
+        return isinstance(value, list | tuple) and all(value_matches(v, item) for v in value)
+    if hint is type(None) or hint is None:
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return hint is Any or isinstance(value, hint)
+
+
+def type_name(hint: Any) -> str:
+    """`int`, `float or None`, `list of str`: a parameter annotation as an error message says it."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_name(arg) for arg in args)
+    if origin in (list, tuple):
+        return f"list of {type_name(args[0])}" if args else "list"
+    if hint is type(None):
+        return "None"
+    return getattr(hint, "__name__", str(hint))

@@ -76,6 +76,7 @@ def attention_factor(kind: str, factor: float) -> float:
 
 class RoPE(Encoding):
     relative_only = True  # up to floating-point rounding of the angles
+    variants = tuple(kind for kind in SCALINGS if kind != "none")  # context extensions at evaluation
 
     def __init__(self, dims: Dims, base: float = 10000.0, rotary_dim: int | None = None) -> None:
         super().__init__(dims)
@@ -92,7 +93,7 @@ class RoPE(Encoding):
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim), persistent=False)
 
     @contextmanager
-    def scaled(self, kind: str, factor: float, train_len: int | None = None) -> Iterator[None]:
+    def variant(self, kind: str, factor: float, train_len: int | None = None) -> Iterator[None]:
         """Run with a context-extension method (`none`, `pi`, `ntk` or `yarn`) at scale factor `factor`.
 
         Swaps in the method's frequencies and attention factor and an empty cos/sin cache; on exit the

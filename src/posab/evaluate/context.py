@@ -1,19 +1,45 @@
-"""What every evaluator receives, and the forward pass they share."""
+"""What every evaluator receives: the model, the validation split, the shared settings, one forward pass."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from posab.config import EvalConfig
 from posab.data import TokenStream
 from posab.data.tokenizer import Tokenizer, byte_lengths
-from posab.model import DecoderLM
-from posab.train import autocast
+from posab.device import autocast
+from posab.encodings.rope import SCALINGS
+from posab.errors import require
+from posab.model import DecoderLM, Observer
+
+
+@dataclass
+class EvalSettings:
+    """The `eval` settings every evaluator may read; each evaluator's own section is added beside them
+    (`posab.evaluate.EvalConfig`)."""
+
+    lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
+    batch_tokens: int = 16384  # batch size per length = max(1, batch_tokens // length)
+    progress: bool = True
+    # encodings with evaluation-time variants (RoPE), at lengths past the training length: extra rows
+    # `ppl@KIND/L` (see `Encoding.variants`)
+    rope_scaling: list[str] = field(default_factory=lambda: ["none", "pi", "ntk", "yarn"])
+    rope_scaling_factor: float | None = None  # None: s = L / training length; else this fixed s >= 1
+
+    def validate_settings(self) -> None:
+        require(self.batch_tokens > 0, f"eval.batch_tokens={self.batch_tokens} must be positive")
+        bad = [n for n in self.lengths if n < 1]
+        require(not bad, f"eval.lengths={self.lengths}: every length must be >= 1 (bad: {bad})")
+        kinds, factor = self.rope_scaling, self.rope_scaling_factor
+        bad_kinds = sorted(set(kinds) - set(SCALINGS)) or sorted({k for k in kinds if kinds.count(k) > 1})
+        require(
+            not bad_kinds, f"eval.rope_scaling={kinds}: each of {'/'.join(SCALINGS)} once; bad: {bad_kinds}"
+        )
+        require(factor is None or factor >= 1, f"eval.rope_scaling_factor={factor} must be >= 1, or null")
 
 
 @dataclass
@@ -24,7 +50,8 @@ class EvalContext:
     device: torch.device
     dtype: torch.dtype | None  # autocast dtype, None for fp32
     train_len: int
-    cfg: EvalConfig
+    cfg: EvalSettings  # the whole `eval` config (an `EvalConfig`)
+    title: str = ""  # names the run on figures (the encoding)
 
     @cached_property
     def token_bytes(self) -> np.ndarray:
@@ -37,13 +64,20 @@ class EvalContext:
 
     @torch.inference_mode()
     def logits(
-        self, inputs: Tensor, sentence: Tensor | None, paragraph: Tensor | None, offset: int = 0
+        self,
+        inputs: Tensor,
+        sentence: Tensor | None,
+        paragraph: Tensor | None,
+        offset: int = 0,
+        observe: Observer | None = None,
     ) -> Tensor:
-        """(B, T) inputs -> (B, T, V) float32 logits, on the model's device, in inference mode."""
+        """(B, T) inputs -> (B, T, V) float32 logits, on the model's device, in inference mode.
+
+        `observe` receives each layer's attention inputs (`DecoderLM.forward`)."""
         self.model.eval()
         to = self.device
         sentence = sentence.to(to) if sentence is not None else None
         paragraph = paragraph.to(to) if paragraph is not None else None
         with autocast(self.device, self.dtype):
-            out = self.model(inputs.to(to), sentence, paragraph, offset=offset)
+            out = self.model(inputs.to(to), sentence, paragraph, offset=offset, observe=observe)
         return out.float()

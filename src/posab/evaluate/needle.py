@@ -17,18 +17,16 @@ Also reported: the teacher-forced log-probability of the key (natural log, summe
 
 Results: `needle/acc` and `needle/logprob` (means over all trials), the same per length (`@L`) and per
 cell (`@L/depth{d}`), and `needle/grid` ({"lengths", "depths", "acc", "logprob"}, acc and logprob as
-[per length][per depth] lists) for tables and `needle_heatmap`.
+[per length][per depth] lists); the cells as the `needle` table and the `needle_heatmap` figure.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from collections.abc import Collection
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from torch import Tensor
 from tqdm import tqdm
 
@@ -40,12 +38,33 @@ from posab.data.passkey import (
     make_passkey_example,
 )
 from posab.data.streams import Batch
-from posab.errors import ConfigError
-from posab.evaluate.context import EvalContext
+from posab.errors import ConfigError, require
+from posab.evaluate.base import Evaluator, SectionConfig
+from posab.evaluate.context import EvalContext, EvalSettings
+from posab.outputs import Column, EvalOutput, Table
+from posab.plots import needle_heatmap
 
 
-def needle_lengths(ctx: EvalContext) -> list[int]:
-    return list(ctx.cfg.needle.lengths or ctx.cfg.lengths)
+@dataclass
+class NeedleConfig(SectionConfig):
+    lengths: list[int] | None = None  # None: eval.lengths
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    trials: int = 10
+    key_digits: int = 5
+    seed: int = 1234
+
+    def validate(self, settings: EvalSettings) -> None:
+        lengths, depths = self.lengths or [], self.depths
+        bad = [n for n in lengths if n < 1]
+        require(not bad, f"eval.needle.lengths={lengths}: every length must be >= 1 (bad: {bad})")
+        bad_depths = [d for d in depths if not 0 <= d <= 1]
+        require(not bad_depths, f"eval.needle.depths={depths}: depths must be in [0, 1] (bad: {bad_depths})")
+        require(self.trials > 0, f"eval.needle.trials={self.trials} must be positive")
+        require(1 <= self.key_digits <= 12, f"eval.needle.key_digits={self.key_digits} must be in [1, 12]")
+
+
+def needle_lengths(cfg: NeedleConfig, settings: EvalSettings) -> list[int]:
+    return list(cfg.lengths or settings.lengths)
 
 
 def depth_label(depth: float) -> str:
@@ -53,9 +72,8 @@ def depth_label(depth: float) -> str:
     return f"depth{float(depth)}"
 
 
-def check_lengths(ctx: EvalContext, lengths: list[int]) -> None:
+def check_lengths(ctx: EvalContext, lengths: list[int], key_digits: int) -> None:
     """Fail before any work when a length cannot hold an example or the split cannot fill one."""
-    key_digits = ctx.cfg.needle.key_digits
     for length in lengths:
         try:
             check_stream(ctx.valid, filler_length(ctx.tokenizer, length + 1, key_digits), length + 1)
@@ -65,9 +83,8 @@ def check_lengths(ctx: EvalContext, lengths: list[int]) -> None:
             ) from None
 
 
-def cell_examples(ctx: EvalContext, length: int, depth_index: int) -> list[PasskeyExample]:
+def cell_examples(ctx: EvalContext, n: NeedleConfig, length: int, depth_index: int) -> list[PasskeyExample]:
     """The `trials` examples of one grid cell, the same in every run."""
-    n = ctx.cfg.needle
     rng = np.random.default_rng([n.seed, length, depth_index])
     depth = n.depths[depth_index]
     return [
@@ -104,55 +121,79 @@ def score_examples(
 
 def needle_metrics(
     lengths: list[int], depths: list[float], acc: np.ndarray, logprob: np.ndarray
-) -> dict[str, Any]:
-    """Flat slash-keyed results from the (lengths, depths) cell means (every cell has `trials` trials)."""
-    out: dict[str, Any] = {"needle/acc": float(acc.mean()), "needle/logprob": float(logprob.mean())}
+) -> EvalOutput:
+    """The output from the (lengths, depths) cell means (every cell has `trials` trials)."""
+    out: dict[str, float] = {"needle/acc": float(acc.mean()), "needle/logprob": float(logprob.mean())}
     for i, length in enumerate(lengths):
         out[f"needle/acc@{length}"] = float(acc[i].mean())
         out[f"needle/logprob@{length}"] = float(logprob[i].mean())
         for j, depth in enumerate(depths):
             out[f"needle/acc@{length}/{depth_label(depth)}"] = float(acc[i, j])
             out[f"needle/logprob@{length}/{depth_label(depth)}"] = float(logprob[i, j])
-    out["needle/grid"] = {
+    grid = {
         "lengths": [int(n) for n in lengths],
         "depths": [float(d) for d in depths],
         "acc": acc.tolist(),
         "logprob": logprob.tolist(),
     }
-    return out
+    cells = [
+        [length, depth, grid["acc"][i][j], grid["logprob"][i][j]]
+        for i, length in enumerate(grid["lengths"])
+        for j, depth in enumerate(grid["depths"])
+    ]
+    return EvalOutput(
+        scalars=out,
+        data={"needle/grid": grid},
+        tables={"needle": Table(["length", "depth", "acc", "logprob"], cells)},
+    )
 
 
-def needle_eval(ctx: EvalContext) -> dict[str, Any]:
-    """Passkey accuracy and key log-probability over the lengths x depths grid (see the module docstring)."""
-    n = ctx.cfg.needle
-    lengths = needle_lengths(ctx)
-    check_lengths(ctx, lengths)
-    acc = np.zeros((len(lengths), len(n.depths)))  # (lengths, depths)
-    logprob = np.zeros((len(lengths), len(n.depths)))  # (lengths, depths)
-    cells = [(i, j) for i in range(len(lengths)) for j in range(len(n.depths))]
-    for i, j in tqdm(cells, desc="needle", disable=not ctx.cfg.progress):
-        correct, key_logprob = score_examples(ctx, cell_examples(ctx, lengths[i], j), n.key_digits)
-        acc[i, j] = float(correct.float().mean())
-        logprob[i, j] = float(key_logprob.mean())
-    return needle_metrics(lengths, list(n.depths), acc, logprob)
+class Needle(Evaluator[NeedleConfig]):
+    """Passkey accuracy and key log-probability over the lengths x depths grid (module docstring)."""
 
+    name = "needle"
+    config = NeedleConfig
+    order = 20
 
-def needle_heatmap(grid: dict[str, Any], path: Path, title: str) -> Path:
-    """Accuracy per cell as a PNG: depth on the y axis, length on the x axis, colour scale 0..1."""
-    lengths, depths = grid["lengths"], grid["depths"]
-    acc = np.asarray(grid["acc"], dtype=np.float64).T  # (lengths, depths) -> (depths, lengths)
-    fig = Figure(figsize=(2.0 + 0.9 * len(lengths), 1.5 + 0.5 * len(depths)))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    image = ax.imshow(acc, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-    for (row, col), value in np.ndenumerate(acc):
-        ax.text(col, row, f"{value:.2f}", ha="center", va="center", color="white" if value < 0.5 else "black")
-    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
-    ax.set_xlabel("length (tokens)")
-    ax.set_ylabel("needle depth")
-    ax.set_title(title)
-    fig.colorbar(image, ax=ax, label="passkey accuracy")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    def window_lengths(self, settings: EvalSettings) -> list[int]:
+        return needle_lengths(self.cfg, settings)
+
+    def evaluate(self, ctx: EvalContext) -> EvalOutput:
+        n = self.cfg
+        lengths = needle_lengths(n, ctx.cfg)
+        check_lengths(ctx, lengths, n.key_digits)
+        acc = np.zeros((len(lengths), len(n.depths)))  # (lengths, depths)
+        logprob = np.zeros((len(lengths), len(n.depths)))  # (lengths, depths)
+        cells = [(i, j) for i in range(len(lengths)) for j in range(len(n.depths))]
+        for i, j in tqdm(cells, desc="needle", disable=not ctx.cfg.progress):
+            correct, key_logprob = score_examples(ctx, cell_examples(ctx, n, lengths[i], j), n.key_digits)
+            acc[i, j] = float(correct.float().mean())
+            logprob[i, j] = float(key_logprob.mean())
+        output = needle_metrics(lengths, list(n.depths), acc, logprob)
+        output.figures["needle_heatmap"] = needle_heatmap(output.data["needle/grid"], ctx.title)
+        return output
+
+    @staticmethod
+    def report_columns(keys: Collection[str]) -> list[Column]:
+        columns = []
+        if "needle/acc" in keys:
+            columns.append(
+                Column(
+                    "needle acc",
+                    "needle/acc",
+                    ".2f",
+                    "passkey accuracy over every length and depth (`needle/acc`)",
+                )
+            )
+        if "needle/logprob" in keys:
+            columns.append(
+                Column(
+                    "key logprob",
+                    "needle/logprob",
+                    ".2f",
+                    "log-probability (nats) of the whole passkey given the prompt (summed over its digits), "
+                    "mean over every length and depth (`needle/logprob`; uniform over the 10 digits: "
+                    "5 ln 0.1 = -11.51 for 5-digit keys)",
+                )
+            )
+        return columns

@@ -17,18 +17,34 @@ the same argmax), and delta loss (mean cross-entropy on the window's targets, sh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+import re
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from posab.config import ShiftConfig
 from posab.data import Batch, TokenStream
-from posab.errors import ConfigError
-from posab.evaluate.context import EvalContext
+from posab.errors import ConfigError, require
+from posab.evaluate.base import Evaluator, SectionConfig
+from posab.evaluate.context import EvalContext, EvalSettings
+from posab.outputs import Column, EvalOutput, Table
+
+METRICS = ("max_abs_logit", "kl", "top1_agree", "dloss")
+
+
+@dataclass
+class ShiftConfig(SectionConfig):
+    offsets: list[int] = field(default_factory=lambda: [1, 64, 512, 4096])
+    prefix_lengths: list[int] = field(default_factory=lambda: [64, 256, 1024])
+    windows: int = 8  # validation windows of the training length
+
+    def validate(self, settings: EvalSettings) -> None:
+        require(self.windows > 0, f"eval.shift.windows={self.windows} must be positive")
+        bad = [k for k in self.offsets + self.prefix_lengths if k < 0]
+        require(not bad, f"eval.shift offsets/prefix_lengths must be >= 0 (bad: {bad})")
 
 
 @dataclass
@@ -65,13 +81,14 @@ class Agreement:
         self.loss_reference_sum += summed_loss(ref_logp, targets)
         self.loss_shifted_sum += summed_loss(shift_logp, targets)
 
-    def metrics(self, name: str) -> dict[str, float]:
+    def values(self) -> dict[str, float]:
+        """The four metrics (`METRICS`) over every position compared."""
         n = self.positions
         return {
-            f"{name}/max_abs_logit": self.max_abs_logit,
-            f"{name}/kl": self.kl_sum / n,
-            f"{name}/top1_agree": self.agree / n,
-            f"{name}/dloss": (self.loss_shifted_sum - self.loss_reference_sum) / n,
+            "max_abs_logit": self.max_abs_logit,
+            "kl": self.kl_sum / n,
+            "top1_agree": self.agree / n,
+            "dloss": (self.loss_shifted_sum - self.loss_reference_sum) / n,
         }
 
 
@@ -153,15 +170,66 @@ def agreement(ctx: EvalContext, windows: Batch, reference: Tensor, prefix: Prefi
 
 
 @torch.inference_mode()
-def shift_eval(ctx: EvalContext) -> dict[str, float]:
-    """Offset and prefix stability of the validation windows: `shift/{offset,prefix}{k}/{metric}`."""
-    cfg = ctx.cfg.shift
+def shift_metrics(ctx: EvalContext, cfg: ShiftConfig) -> dict[tuple[str, int], dict[str, float]]:
+    """(kind, k) -> metrics, kind `offset` or `prefix`, for the validation windows (module docstring)."""
     windows = shift_windows(ctx.valid, ctx.train_len, cfg)
     no_prefix = prefix_text(ctx.valid, 0)
     reference = torch.cat([logits for _, logits in window_logits(ctx, windows, no_prefix, 0)])  # (W, T, V)
-    shifts = [(f"offset{k}", no_prefix, k) for k in cfg.offsets]
-    shifts += [(f"prefix{k}", prefix_text(ctx.valid, k), 0) for k in cfg.prefix_lengths]
-    out: dict[str, float] = {}
-    for name, prefix, offset in tqdm(shifts, desc="shift", disable=not ctx.cfg.progress):
-        out.update(agreement(ctx, windows, reference, prefix, offset).metrics(f"shift/{name}"))
+    shifts = [("offset", k, no_prefix, k) for k in cfg.offsets]
+    shifts += [("prefix", k, prefix_text(ctx.valid, k), 0) for k in cfg.prefix_lengths]
+    out: dict[tuple[str, int], dict[str, float]] = {}
+    for kind, k, prefix, offset in tqdm(shifts, desc="shift", disable=not ctx.cfg.progress):
+        out[kind, k] = agreement(ctx, windows, reference, prefix, offset).values()
     return out
+
+
+class Shift(Evaluator[ShiftConfig]):
+    """Offset and prefix stability: `shift/{offset,prefix}{k}/{metric}` and the `shift` table."""
+
+    name = "shift"
+    config = ShiftConfig
+    order = 30
+
+    def positions(self, settings: EvalSettings, train_len: int) -> int:
+        return max([0, *self.cfg.offsets, *self.cfg.prefix_lengths]) + train_len + 1
+
+    def evaluate(self, ctx: EvalContext) -> EvalOutput:
+        metrics = shift_metrics(ctx, self.cfg)
+        scalars = {
+            f"shift/{kind}{k}/{name}": value
+            for (kind, k), values in metrics.items()
+            for name, value in values.items()
+        }
+        rows = [[kind, k, *(values[m] for m in METRICS)] for (kind, k), values in sorted(metrics.items())]
+        return EvalOutput(scalars=scalars, tables={"shift": Table(["kind", "k", *METRICS], rows)})
+
+    @staticmethod
+    def report_columns(keys: Collection[str]) -> list[Column]:
+        columns = []
+        if (k := _largest(keys, r"shift/offset(\d+)/kl")) is not None:
+            columns.append(
+                Column(
+                    f"KL offset {k}",
+                    f"shift/offset{k}/kl",
+                    ".3g",
+                    f"mean KL(p_ref ‖ p_shift) of next-token distributions when every position is offset "
+                    f"by {k}, the largest offset evaluated (`shift/offset{k}/kl`; 0 = offset-invariant)",
+                )
+            )
+        if (k := _largest(keys, r"shift/prefix(\d+)/dloss")) is not None:
+            columns.append(
+                Column(
+                    f"Δloss prefix {k}",
+                    f"shift/prefix{k}/dloss",
+                    ".3f",
+                    f"mean loss change on the same window when {k} tokens of context are prepended, the "
+                    f"largest prefix evaluated (`shift/prefix{k}/dloss`; < 0: the extra context helps)",
+                )
+            )
+        return columns
+
+
+def _largest(keys: Collection[str], pattern: str) -> int | None:
+    """The largest integer `pattern` captures in any of `keys`, or None."""
+    found = [int(m[1]) for key in keys if (m := re.fullmatch(pattern, key))]
+    return max(found) if found else None
