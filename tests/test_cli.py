@@ -76,7 +76,7 @@ def test_unknown_encoding_lists_the_available_ones(tmp_path: Path) -> None:
         (["encoding=fire", "encoding.hidden=abc"], "encoding 'fire': hidden='abc' is not a valid int"),
         (["encoding=rope", "encoding.base=[1]"], "encoding 'rope': base=[1] is not a valid float"),
         (["encoding=rope", "encoding.rotary_dim=2.5"], "rotary_dim=2.5 is not a valid int or None"),
-        (["encoding=sinusoidal", "encoding.scale_embeddings=3"], "scale_embeddings=3 is not a valid bool"),
+        (["encoding=sinusoidal", "encoding.learn_scale=3"], "learn_scale=3 is not a valid bool"),
         (["encoding=hierarchical", "encoding.levels=token"], "levels='token' is not a valid list of str"),
     ],
 )
@@ -125,5 +125,5 @@ def test_eval_length_longer_than_the_validation_split(tmp_path: Path) -> None:
     proc = run_train(tiny_args(tmp_path, "eval.lengths=[128,10000000]"))
     assert proc.returncode == 2
     line = error_line(proc)
-    assert "[10000000]" in line and "validation split" in line and "tokens" in line
+    assert "[10000000]" in line and "valid split" in line and "tokens" in line
     assert not (tmp_path / "run" / "checkpoint.pt").exists()  # failed before any training

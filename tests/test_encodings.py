@@ -125,7 +125,6 @@ def test_hierarchical_distinct_distances_equal_all_pairs(combine: str) -> None:
     with torch.no_grad():
         if combine == "mix":
             enc.mix.normal_()
-            enc.mix_bias.normal_()
     _, sentence, paragraph = structured_batch(length=30)
     pos = Positions.build(30, sentence=sentence, paragraph=paragraph)
     fast = enc.bias(pos)  # (B, H, L, L), float32
@@ -144,7 +143,7 @@ def test_hierarchical_distinct_distances_equal_all_pairs(combine: str) -> None:
         slow = sum(per_level)
     else:
         stacked = torch.stack(per_level, dim=1)  # (B, levels, H, L, L)
-        slow = torch.einsum("lgh,blhij->bgij", enc.mix, stacked) + enc.mix_bias[None, :, None, None]
+        slow = torch.einsum("lgh,blhij->bgij", enc.mix, stacked)
     assert_close_to_scale(enc.bias(pos), slow, rel=1e-12, msg="float64")  # the identity, in float64
     # float32: three levels of MLP (as in the multi-scale test) and a 12-term mix: observed ~1e-7 of the
     # bias's scale; 1e-5 = 84 EPS32, while a level read at the wrong distance is ~1e-1 of it
@@ -179,14 +178,32 @@ def test_bad_encoding_settings(overrides: list[str], message: str) -> None:
         tiny_model(*overrides[0].split("=")[1:], *overrides[1:])
 
 
-@pytest.mark.parametrize("scale_embeddings", [False, True])
-def test_sinusoidal_adds_the_formula_to_optionally_scaled_embeddings(scale_embeddings: bool) -> None:
-    enc = Sinusoidal(Dims(d_model=8, n_heads=2), scale_embeddings=scale_embeddings)
-    x = torch.randn(2, 5, 8)
+# form -> (factor on x, factor on PE); scaled: s starts at E||x|| / ||PE row|| = 0.02 sqrt(d) / sqrt(d / 2)
+# with the model's init std 0.02, i.e. 0.02 sqrt(2) at any d
+SINUSOIDAL_FORMS = {
+    "scaled": (1.0, 0.02 * math.sqrt(2)),
+    "paper": (math.sqrt(8), 1.0),
+    "unscaled": (1.0, 1.0),
+}
+
+
+@pytest.mark.parametrize("form", sorted(SINUSOIDAL_FORMS))
+def test_sinusoidal_adds_the_formula_in_each_form(form: str) -> None:
+    enc = Sinusoidal(Dims(d_model=8, n_heads=2), form=form)
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0))
     out = enc.embed(x, Positions.build(5, x.device, offset=3))
     p, i = 3 + torch.arange(5.0, dtype=torch.float64)[:, None], torch.arange(0, 8, 2)[None, :]
     pe = torch.stack([torch.sin(p / 10000 ** (i / 8)), torch.cos(p / 10000 ** (i / 8))], -1).flatten(1)
-    scale = math.sqrt(8) if scale_embeddings else 1.0
-    # the formula in float64; float32 angles up to 7 rad and the sum x * scale + pe: a few EPS32 of the
-    # scale; 1e-6 = 8 EPS32, while a wrong frequency or a swapped sin/cos is ~1e-1
-    assert_close_to_scale(out, x.double() * scale + pe[None], rel=1e-6)
+    token_factor, pe_factor = SINUSOIDAL_FORMS[form]
+    # the formula in float64; float32 angles up to 7 rad and the sum x * a + s * pe: a few EPS32 of the
+    # scale; 1e-6 = 8 EPS32, while a wrong frequency, a swapped sin/cos or a wrong factor is ~1e-1
+    assert_close_to_scale(out, x.double() * token_factor + pe_factor * pe[None], rel=1e-6)
+
+
+@pytest.mark.parametrize(("learn_scale", "parameters"), [(True, 1), (False, 0)])
+def test_sinusoidal_scale_is_learned_unless_fixed(learn_scale: bool, parameters: int) -> None:
+    enc = Sinusoidal(Dims(d_model=8, n_heads=2), learn_scale=learn_scale)
+    assert sum(p.numel() for p in enc.parameters()) == parameters
+    assert enc.scale is not None and enc.scale.item() == pytest.approx(0.02 * math.sqrt(2), rel=1e-6)
+    for form in ("paper", "unscaled"):
+        assert not list(Sinusoidal(Dims(d_model=8, n_heads=2), form=form).parameters())

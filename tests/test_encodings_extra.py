@@ -62,20 +62,26 @@ def test_t5_buckets_match_the_reference_and_use_every_bucket(num_buckets: int, m
     assert set(got) == set(range(num_buckets))
 
 
-def test_t5_bias_reads_the_table_at_the_bucket_of_i_minus_j() -> None:
+@pytest.mark.parametrize(("init", "gain"), [("xtransformers", math.sqrt(8)), ("gpt2", 1.0)])
+def test_t5_bias_reads_the_table_at_the_bucket_of_i_minus_j(init: str, gain: float) -> None:
     torch.manual_seed(0)
-    enc = T5Bias(Dims(d_model=32, n_heads=4), num_buckets=8, max_distance=20)
-    bias = enc.bias(Positions.build(40))[0]  # (H, L, L)
+    enc = T5Bias(Dims(d_model=32, n_heads=4), num_buckets=8, max_distance=20, init=init)  # d_head 8
+    bias = enc.bias(Positions.build(40))[0].double()  # (H, L, L)
+    table = enc.table.detach().double()
     for i, j in [(0, 0), (5, 1), (39, 0), (30, 27), (3, 9)]:
         bucket = reference_bucket(i - j, 8, 20)
-        torch.testing.assert_close(bias[:, i, j], enc.table[bucket], rtol=0, atol=0)
+        # two float32 roundings per entry (the gain, the product): at most EPS32 of it; 2 EPS32 allowed,
+        # while a wrong bucket or gain is off by a table entry's size
+        assert_close_to_scale(bias[:, i, j], table[bucket] * gain, rel=2 * EPS32, msg=f"({i}, {j})")
 
 
-def test_kerple_bias_hand_computed() -> None:
-    enc = Kerple(Dims(d_model=32, n_heads=2))
+@pytest.mark.parametrize("param", ["clamp", "softplus"])
+def test_kerple_bias_hand_computed(param: str) -> None:
+    enc = Kerple(Dims(d_model=32, n_heads=2), param=param)
+    raw = (lambda v: v) if param == "clamp" else inverse_softplus  # the free parameter giving value v
     with torch.no_grad():
-        enc.raw_p.copy_(inverse_softplus(torch.tensor([1.0, 2.0])))
-        enc.raw_a.copy_(inverse_softplus(torch.tensor([0.5, 1.0])))
+        enc.raw_p.copy_(raw(torch.tensor([1.0, 2.0])))
+        enc.raw_a.copy_(raw(torch.tensor([0.5, 1.0])))
     bias = enc.bias(Positions.build(8, offset=100))[0]  # (H, L, L)
     expected = {  # (i, j): [-p_0 ln(1 + a_0 (i - j)), -p_1 ln(1 + a_1 (i - j))]
         (0, 0): [0.0, 0.0],
@@ -87,10 +93,23 @@ def test_kerple_bias_hand_computed() -> None:
         torch.testing.assert_close(bias[:, i, j], torch.tensor(values), rtol=1e-6, atol=1e-6)
 
 
-def test_kerple_starts_positive_as_in_the_paper() -> None:
+@pytest.mark.parametrize("param", ["clamp", "softplus"])
+def test_kerple_starts_positive_as_in_the_paper(param: str) -> None:
     torch.manual_seed(0)
-    enc = Kerple(Dims(d_model=64, n_heads=16))
+    enc = Kerple(Dims(d_model=64, n_heads=16), param=param)
     assert ((enc.p >= 0.0099) & (enc.p < 2)).all() and ((enc.a >= 0.0099) & (enc.a < 1)).all()
+    assert enc.p.std() > 0.3 and enc.a.std() > 0.15  # spread over U(0, 2) and U(0, 1): std 0.58, 0.29
+
+
+def test_kerple_clamp_keeps_p_and_a_at_the_floor() -> None:
+    enc = Kerple(Dims(d_model=32, n_heads=2))
+    with torch.no_grad():
+        enc.raw_p.copy_(torch.tensor([-0.5, 0.3]))
+        enc.raw_a.copy_(torch.tensor([0.2, 0.001]))
+    assert enc.p.tolist() == pytest.approx([0.01, 0.3]) and enc.a.tolist() == pytest.approx([0.2, 0.01])
+    enc.constrain()  # the reference's projection of the stored values
+    assert enc.raw_p.tolist() == pytest.approx([0.01, 0.3])
+    assert enc.raw_a.tolist() == pytest.approx([0.2, 0.01])
 
 
 def fire_module(train_len: int = 16) -> FIRE:
@@ -217,7 +236,8 @@ def test_builds_from_its_yaml_and_trains(name: str) -> None:
     model = build_model(cfg, VOCAB_SIZE)
     assert type(model.encoding) is NEW[name] and cfg.encoding["name"] == name
     if name == "fire":
-        assert model.encoding.threshold.item() == cfg.train.seq_len and model.encoding.c.item() == 1.0
+        assert model.encoding.threshold.item() == cfg.train.seq_len
+        assert model.encoding.c.item() == pytest.approx(0.1, rel=1e-6)  # the paper's code
     tokens = torch.randint(0, VOCAB_SIZE, (2, 32))
     model(tokens).logsumexp(-1).mean().backward()  # through the flash-kernel attention with a bias
     for param_name, p in model.encoding.named_parameters():
@@ -233,6 +253,9 @@ def test_builds_from_its_yaml_and_trains(name: str) -> None:
         ("encoding=fire encoding.init_c=0", "init_c=0"),
         ("encoding=learned encoding.init_std=-1", "init_std=-1"),
         ("encoding=kerple +encoding.slopes=1", "no setting slopes"),
+        ("encoding=kerple encoding.param=exp", "param='exp'"),
+        ("encoding=t5 encoding.init=zeros", "init='zeros'"),
+        ("encoding=sinusoidal encoding.form=half", "form='half'"),
     ],
 )
 def test_bad_settings_name_the_value(override: str, message: str) -> None:

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import Tensor, nn
 
-from conftest import tiny_model
+from conftest import run_train, tiny_model
 from posab.data import DataConfig, SyntheticConfig, TokenStream, prepare_data
 from posab.data.passkey import (
     GAP,
     NEEDLE,
     QUERY,
+    WORD_SEARCH,
     PasskeyExample,
     encode_paragraph,
     examples_batch,
@@ -22,6 +24,7 @@ from posab.data.passkey import (
     make_passkey_example,
     passkey_batch,
     random_key,
+    with_needle_key,
 )
 from posab.data.tokenizer import PARA, VOCAB_SIZE, ByteTokenizer
 from posab.errors import ConfigError
@@ -76,16 +79,25 @@ def test_example_layout(corpus: Corpus, depth: float) -> None:
     assert len(ex.key) == 5 and ex.key.isdigit() and ex.key[0] != "0"
     query = QUERY.format(key=ex.key)
     assert tokenizer.decode(ex.tokens).endswith(f"\n\n{query}")
-    # the needle follows round(depth * filler) filler tokens, its blank line and (with anchors) PARA
-    cut = round(depth * filler_length(tokenizer, 200, 5))
+    # the needle follows the filler's first piece (none at depth 0) and its blank line, and (with anchors)
+    # PARA; the cut is the word boundary nearest round(depth * filler), within WORD_SEARCH tokens
     needle_at = as_bytes(ex.tokens).index(NEEDLE_PREFIX)
-    assert needle_at == cut + len(GAP) + tokenizer.anchors
     if tokenizer.anchors:
         assert ex.tokens[needle_at - 1] == PARA
+    cut = needle_at - tokenizer.anchors - (len(GAP) if depth > 0 else 0)
+    filler = filler_length(tokenizer, 200, 5) + (len(GAP) if depth in (0.0, 1.0) else 0)
+    assert abs(cut - round(depth * filler)) <= WORD_SEARCH
+    if depth == 0.5:  # both pieces of text end and start between words
+        second = needle_at - tokenizer.anchors + len(encode_paragraph(tokenizer, NEEDLE, ex.key)) + len(GAP)
+        before, after = tokenizer.decode(ex.tokens[:cut]), tokenizer.decode(ex.tokens[second:])
+        assert before[-1].isspace() or not before[-1].isalnum() or after[0].isspace()
     rest = tokenizer.decode(ex.tokens[needle_at:])
     assert rest.startswith(NEEDLE.format(key=ex.key) + "\n\n")
+    assert "\n\n\n\n" not in tokenizer.decode(ex.tokens[max(0, needle_at - 4) :])  # no run of blank lines
+    if depth == 0.0:
+        assert needle_at == tokenizer.anchors  # the example opens with the needle
     if depth == 1.0:
-        assert rest == f"{NEEDLE.format(key=ex.key)}\n\n\n\n{query}"
+        assert rest == f"{NEEDLE.format(key=ex.key)}\n\n{query}"
 
 
 @pytest.mark.parametrize("depth", DEPTHS)
@@ -97,8 +109,7 @@ def test_example_indices(corpus: Corpus, depth: float) -> None:
         assert indices[0] == 0 and set(np.diff(indices).tolist()) <= {0, 1}
     needle = encode_paragraph(tokenizer, NEEDLE, ex.key)
     needle_paragraph = ex.paragraph[as_bytes(ex.tokens).index(NEEDLE_PREFIX)]
-    blank_lines = 2 if depth == 1.0 else 1  # the needle's own, and at depth 1 the query's
-    assert (ex.paragraph == needle_paragraph).sum() == len(needle) + blank_lines * len(GAP)
+    assert (ex.paragraph == needle_paragraph).sum() == len(needle) + len(GAP)  # its own blank line
     query = encode_paragraph(tokenizer, QUERY, ex.key)
     assert (ex.paragraph == ex.paragraph[-1]).sum() == len(query)
     assert np.array_equal(ex.sentence[-len(query) :] - ex.sentence[-len(query)], query.sentence)
@@ -110,6 +121,27 @@ def test_examples_are_deterministic(corpus: Corpus) -> None:
     for name in ("tokens", "sentence", "paragraph"):
         assert np.array_equal(getattr(a, name), getattr(b, name))
     assert a.key == b.key and not np.array_equal(a.tokens, c.tokens)
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_the_control_differs_only_in_the_needles_key(corpus: Corpus, depth: float) -> None:
+    tokenizer, valid = corpus
+    ex = make_passkey_example(valid, tokenizer, 200, depth, np.random.default_rng(2))
+    other = "1" * 5 if ex.key != "1" * 5 else "2" * 5
+    control = with_needle_key(valid, tokenizer, ex, other)
+    assert len(control) == len(ex) and control.key == ex.key and control.needle_key == other
+    differs = np.flatnonzero(control.tokens != ex.tokens)
+    needle_key_at = as_bytes(ex.tokens).index(NEEDLE_PREFIX) + len(NEEDLE_PREFIX)
+    assert set(differs.tolist()) <= set(range(needle_key_at, needle_key_at + 5)) and len(differs) > 0
+    assert np.array_equal(control.sentence, ex.sentence) and np.array_equal(control.paragraph, ex.paragraph)
+
+
+def test_the_filler_starts_at_a_word(corpus: Corpus) -> None:
+    tokenizer, valid = corpus
+    for seed in range(10):
+        ex = make_passkey_example(valid, tokenizer, 200, 1.0, np.random.default_rng(seed))
+        first, previous = int(valid.tokens[ex.filler_start]), int(valid.tokens[ex.filler_start - 1])
+        assert chr(previous).isspace() or chr(first).isspace() or previous >= 256 or first >= 256
 
 
 def test_keys_have_exactly_the_digits_asked() -> None:
@@ -132,7 +164,7 @@ def test_too_short_stream_is_a_config_error() -> None:
     tokenizer = ByteTokenizer()
     enc = tokenizer.encode("Some text. More text.\n\nAnother paragraph. " * 3)
     stream = TokenStream(enc.tokens, enc.sentence, enc.paragraph, split="valid")
-    filler = filler_length(tokenizer, 500, 5)
+    filler = filler_length(tokenizer, 500, 5) + len(GAP)  # the most an example takes (depth 0 or 1)
     with pytest.raises(
         ConfigError, match=f"valid split has {len(stream)} tokens.*the {filler} filler tokens"
     ):
@@ -207,6 +239,8 @@ def test_oracle_scores_everything(corpus: Corpus) -> None:
     assert results["needle/acc"] == 1.0
     assert np.array_equal(results["needle/grid"]["acc"], np.ones((2, 3)))
     assert -1e-3 < results["needle/logprob"] <= 0
+    # with another key in the needle the oracle predicts that key: at least one digit differs, ~-20 nats
+    assert results["needle/gain"] > 15 and min(min(row) for row in results["needle/grid"]["gain"]) > 15
 
 
 def test_fixed_digit_scores_nothing(corpus: Corpus) -> None:
@@ -214,6 +248,7 @@ def test_fixed_digit_scores_nothing(corpus: Corpus) -> None:
     ctx = make_context(FixedDigitModel("0"), *corpus, depths=DEPTHS, trials=3)
     results = needle_eval(ctx)
     assert results["needle/acc"] == 0.0 and results["needle/logprob"] < -50
+    assert results["needle/gain"] == 0.0  # the needle is never read: the control scores the same
 
 
 def greedy_decode(model: nn.Module, ex: PasskeyExample, steps: int) -> list[int]:
@@ -259,11 +294,12 @@ def test_results_table_and_heatmap(corpus: Corpus) -> None:
     output = needle_output(ctx)
     results = output.results
     assert results == needle_eval(ctx)
-    expected = {"needle/acc", "needle/logprob", "needle/grid"}
+    names = ("acc", "logprob", "gain")
+    expected = {"needle/grid", *(f"needle/{name}" for name in names)}
     for length in (128, 192):
-        expected |= {f"needle/acc@{length}", f"needle/logprob@{length}"}
+        expected |= {f"needle/{name}@{length}" for name in names}
         for label in ("depth0.0", "depth0.25", "depth1.0"):
-            expected |= {f"needle/acc@{length}/{label}", f"needle/logprob@{length}/{label}"}
+            expected |= {f"needle/{name}@{length}/{label}" for name in names}
     assert set(results) == expected
     for key, value in results.items():
         if key.startswith("needle/acc"):
@@ -275,8 +311,8 @@ def test_results_table_and_heatmap(corpus: Corpus) -> None:
     assert np.shape(grid["acc"]) == np.shape(grid["logprob"]) == (2, 3)
     assert grid["acc"][1][1] == results["needle/acc@192/depth0.25"]
     table = output.tables["needle"]
-    assert table.columns == ["length", "depth", "acc", "logprob"] and len(table.rows) == 6
-    assert table.rows[4] == [192, 0.25, grid["acc"][1][1], grid["logprob"][1][1]]
+    assert table.columns == ["length", "depth", "acc", "logprob", "gain"] and len(table.rows) == 6
+    assert table.rows[4] == [192, 0.25, grid["acc"][1][1], grid["logprob"][1][1], grid["gain"][1][1]]
     heatmap = output.figures["needle_heatmap"]
     assert heatmap.axes[0].get_title() == "rope"
     png = png_bytes(heatmap)
@@ -291,3 +327,29 @@ def test_needle_eval_fails_clearly_on_bad_lengths(corpus: Corpus) -> None:
     ctx = make_context(FixedDigitModel("0"), tokenizer, valid, lengths=[16])
     with pytest.raises(ConfigError, match="length 16.*too short"):
         needle_eval(ctx)
+
+
+def test_training_logs_the_key_token_loss_of_its_passkey_examples(tmp_path: Path) -> None:
+    """`train/needle_loss` is the mean loss on the key digits of the interval's passkey rows: logged with
+    passkey examples in the mix, absent without them."""
+    for rate, logged in ((0.5, True), (0.0, False)):
+        run = tmp_path / f"rate{rate}"
+        args = ["+experiment=tiny", "encoding=nope", "logger=jsonl", f"hydra.run.dir={run}"]
+        proc = run_train([*args, f"data.cache_dir={tmp_path / 'cache'}", f"data.needle_rate={rate}"])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        needle = [line["train/needle_loss"] for line in lines if "train/needle_loss" in line]
+        if logged:  # 5-digit keys from an untrained model: near ln(10) per digit or worse, never 0
+            assert len(needle) >= 3 and all(0 < v < 20 for v in needle)
+        else:
+            assert needle == []
+
+
+def test_passkey_rows_mark_their_key_targets(corpus: Corpus) -> None:
+    tokenizer, valid = corpus
+    batch = passkey_batch(valid, tokenizer, count=3, length=100, rng=np.random.default_rng(0), key_digits=4)
+    assert batch.key_mask is not None and batch.key_mask.shape == batch.targets.shape
+    assert batch.key_mask[:, -4:].all() and not batch.key_mask[:, :-4].any()
+    plain = valid.batch([0, 200], 100)
+    joined = plain.cat(batch)
+    assert joined.key_mask is not None and not joined.key_mask[:2].any() and joined.key_mask[2:, -4:].all()

@@ -7,12 +7,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import ROOT, run_train
-from posab.report import RunRecord, group_rows, load_run, main, study_table
+from posab.report import RunRecord, group_rows, load_run, main, study_table, swept_keys, write_csv
 
 FAILED_RUN = "0_encoding=alibi,train.lr=-1"
 FAILED_ERROR = "ConfigError: train.lr=-1.0 must be positive"
@@ -210,21 +212,62 @@ def test_rope_scalings_become_rows_of_their_own() -> None:
     assert rows["rope + pi"].runs[0].series["position_loss/128"] == [0.5]
 
 
-def test_a_run_without_a_newer_encoding_option_gets_its_default(tmp_path: Path) -> None:
-    """Runs from before `encoding.scale_embeddings` existed form the `=false` row, not one with `=true`."""
-    config = {"experiment": "s", "seed": 0, "encoding": {"name": "sinusoidal", "base": 10000.0}}
-    runs = []
-    for name, extra in (("old", {}), ("new", {"scale_embeddings": True})):
-        run = tmp_path / name
-        run.mkdir()
-        cfg = {**config, "encoding": {**config["encoding"], **extra}}
-        (run / "config.yaml").write_text(json.dumps(cfg))
-        (run / "results.json").write_text(json.dumps({"status": "finished", "encoding": "sinusoidal"}))
-        runs.append(load_run(run))
-    labels = [r.label for r in group_rows(runs)["s"]]
+def run_with_encoding(root: Path, name: str, encoding: dict[str, Any]) -> RunRecord:
+    """A finished run directory whose config has this encoding node, read back as the report reads it."""
+    run = root / name
+    run.mkdir()
+    config = {"experiment": "s", "seed": 0, "encoding": encoding}
+    (run / "config.yaml").write_text(json.dumps(config))
+    (run / "results.json").write_text(json.dumps({"status": "finished", "encoding": encoding["name"]}))
+    return load_run(run)
+
+
+def yaml_node(encoding: str, **options: Any) -> dict[str, Any]:
+    """The node a run composed today has: conf/encoding/<encoding>.yaml (with `_before_`) and `options`."""
+    node = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "encoding" / f"{encoding}.yaml"))
+    assert isinstance(node, dict)
+    return {**node, **options}
+
+
+def test_an_old_sinusoidal_run_is_labelled_with_the_form_it_ran(tmp_path: Path) -> None:
+    """Runs from before `form` have no `form`: those from before `scale_embeddings` too ran x + PE
+    (`_before_`), and `scale_embeddings` (read in the report only) says unscaled or the paper's form."""
+    old = {"name": "sinusoidal", "base": 10000.0}
+    runs = [
+        run_with_encoding(tmp_path, "oldest", old),
+        run_with_encoding(tmp_path, "old-false", {**old, "scale_embeddings": False}),
+        run_with_encoding(tmp_path, "old-true", {**old, "scale_embeddings": True}),
+        run_with_encoding(tmp_path, "new-unscaled", yaml_node("sinusoidal", form="unscaled")),
+        run_with_encoding(tmp_path, "new-paper", yaml_node("sinusoidal", form="paper")),
+        run_with_encoding(tmp_path, "new-scaled", yaml_node("sinusoidal")),
+    ]
+    rows = {row.label: sorted(r.name for r in row.runs) for row in group_rows(runs)["s"]}
+    assert rows == {
+        "sinusoidal, encoding.form=paper": ["new-paper", "old-true"],
+        "sinusoidal, encoding.form=scaled": ["new-scaled"],
+        "sinusoidal, encoding.form=unscaled": ["new-unscaled", "old-false", "oldest"],
+    }
+    assert swept_keys(runs) == ["encoding.form"]  # no encoding._before_.*, no scale_embeddings
+    write_csv(runs, tmp_path / "runs.csv")
+    with (tmp_path / "runs.csv").open() as f:
+        header = next(csv.reader(f))
+    assert [c for c in header if c.startswith("config.encoding")] == ["config.encoding.form"]
+
+
+def test_an_old_run_gets_the_values_before_the_defaults_changed(tmp_path: Path) -> None:
+    """A T5 run from before `init` and `weight_decay` ran the GPT-2 table with decayed matrices; an old
+    rope run shares its row with a new one (nothing changed for it: no `_before_`)."""
+    old_t5 = run_with_encoding(tmp_path, "t5-old", {"name": "t5", "num_buckets": 32, "max_distance": 128})
+    new_t5 = run_with_encoding(tmp_path, "t5-new", yaml_node("t5"))
+    for run, init, weight_decay in ((old_t5, "gpt2", "null"), (new_t5, "xtransformers", "0.0")):
+        assert (run.config["encoding.init"], run.config["encoding.weight_decay"]) == (init, weight_decay)
+    old_rope = run_with_encoding(tmp_path, "rope-old", {"name": "rope", "base": 10000.0, "rotary_dim": None})
+    new_rope = run_with_encoding(tmp_path, "rope-new", yaml_node("rope"))
+    labels = [row.label for row in group_rows([old_t5, new_t5, old_rope, new_rope])["s"]]
     assert labels == [
-        "sinusoidal, encoding.scale_embeddings=false",
-        "sinusoidal, encoding.scale_embeddings=true",
+        "rope",
+        "t5, encoding.init=gpt2, encoding.weight_decay=null",
+        "t5, encoding.init=xtransformers, encoding.weight_decay=0.0",
     ]
 
 

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from conftest import CONF, ROOT, isolated_env, run_train
+from conftest import CONF, ENCODINGS, ROOT, isolated_env, run_train, tiny_model
 from hydra_plugins.posab_grid_sweeper.grid_sweeper import expand_grids
 
 
@@ -103,9 +103,10 @@ def test_the_pg_books_study_covers_every_encoding_x_3_seeds_and_its_ablations() 
     every_encoding = {p.stem for p in (CONF / "encoding").glob("*.yaml")}
     main = [job for job in jobs if not any(o.startswith(("data.anchors=", "encoding.")) for o in job)]
     ablation = [job for job in jobs if "data.anchors=False" in job]
-    scaled = [job for job in jobs if "encoding.scale_embeddings=True" in job]
-    assert len(jobs) == len(main) + len(ablation) + len(scaled) == 3 * len(every_encoding) + 6 + 3
-    assert {o for job in scaled for o in job if o.startswith("encoding=")} == {"encoding=sinusoidal"}
+    forms = [job for job in jobs if any(o.startswith("encoding.form=") for o in job)]
+    assert len(jobs) == len(main) + len(ablation) + len(forms) == 3 * len(every_encoding) + 6 + 6
+    assert {o for job in forms for o in job if o.startswith("encoding")} == {
+        "encoding=sinusoidal", "encoding.form=paper", "encoding.form=unscaled"}  # fmt: skip
     assert {o.split("=")[1] for job in main for o in job if o.startswith("encoding=")} == every_encoding
     assert {o for job in ablation for o in job if o.startswith("encoding=")} == {
         "encoding=multiscale", "encoding=hierarchical"}  # fmt: skip
@@ -113,10 +114,33 @@ def test_the_pg_books_study_covers_every_encoding_x_3_seeds_and_its_ablations() 
     assert [o for o in jobs[0] if o.startswith("seed=")] == ["seed=0"]  # seed outermost: whole seeds first
 
 
+def test_tune_lr_gives_every_encoding_the_same_lr_grid_and_lr_mult_where_it_has_parameters() -> None:
+    parser = OverridesParser.create()
+    jobs = expand_grids(preset_grids("tune_lr"), [], parser)
+    settings: dict[str, set[tuple[str, str]]] = {}  # encoding -> {(train.lr, encoding.lr_mult)}
+    for job in jobs:
+        values = dict(o.split("=", 1) for o in job)
+        setting = (values["train.lr"], values.get("encoding.lr_mult", "1"))
+        settings.setdefault(values["encoding"], set()).add(setting)
+    assert set(settings) == set(ENCODINGS)
+    lrs = {lr for grid in settings.values() for lr, _ in grid}
+    assert len(lrs) >= 3 and all({lr for lr, _ in grid} == lrs for grid in settings.values())  # equal effort
+    mults = {m for grid in settings.values() for _, m in grid}
+    has_parameters = {n for n in ENCODINGS if sum(p.numel() for p in tiny_model(n).encoding.parameters()) > 0}
+    assert {n for n, grid in settings.items() if len(grid) > len(lrs)} == has_parameters
+    for name in has_parameters:  # the full product: every lr_mult at every lr
+        assert settings[name] == {(lr, m) for lr in lrs for m in mults}
+    assert (
+        len(jobs)
+        == len({tuple(sorted(job)) for job in jobs})
+        == len(lrs) * (len(ENCODINGS) + (len(mults) - 1) * len(has_parameters))
+    )
+
+
 def test_grid_sweeper_drops_a_job_an_earlier_grid_has() -> None:
     parser = OverridesParser.create()
     jobs = expand_grids(preset_grids("pg_books_cpu"), parser.parse_overrides(["data.anchors=false"]), parser)
-    assert len(jobs) == 33 and len({tuple(sorted(job)) for job in jobs}) == 33
+    assert len(jobs) == 36 and len({tuple(sorted(job)) for job in jobs}) == 36
 
 
 def test_grid_sweeper_runs_the_union_of_its_grids(tmp_path: Path) -> None:

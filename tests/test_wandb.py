@@ -129,7 +129,7 @@ def test_job_summary_has_evaluation_scalars_tables_and_heatmap(tiny_run: Path) -
     needle = table(tiny_run, s["eval/needle"])
     assert len(needle["data"]) == 2 * 3  # lengths x depths of the tiny preset
     shift = table(tiny_run, s["eval/shift"])
-    shifts = [["offset", 1], ["offset", 64], ["prefix", 16], ["prefix", 64]]  # the tiny preset's
+    shifts = [["offset", 1], ["offset", 64], ["prefix", 16], ["prefix", 64], ["context", 16], ["context", 64]]
     assert [row[:2] for row in shift["data"]] == shifts
     positions = table(tiny_run, s["eval/position_loss_table"])
     assert {row[1] for row in positions["data"]} == {"L=128", "L=256"}

@@ -50,7 +50,7 @@ from posab.config import Config, load_config
 from posab.data import Batch
 from posab.data.tokenizer import VOCAB_SIZE
 from posab.device import autocast, autocast_dtype
-from posab.encodings import Encoding, Positions
+from posab.encodings import Encoding, Positions, encoding_optimizer
 from posab.model import DecoderLM
 from posab.paths import conf_dir, encoding_names
 from posab.train import build_optimizer, lm_loss
@@ -87,6 +87,7 @@ class Settings:
                 "train.batch_size=2",
                 "eval.lengths=[64,128]",
                 "eval.batch_tokens=256",
+                "eval.shift.prefix_lengths=[16,32]",  # below the quick training length
             )
             return Settings(True, repeats or 1, 1, overrides, 256)
         return Settings(False, repeats or 5, 2, (), 2048)
@@ -274,7 +275,7 @@ def peer_loss(model: nn.Module, batch: Batch) -> Tensor:
 def train_step(model: nn.Module, loss_fn: Callable[[Batch], Tensor], cfg: Config) -> Callable[[], None]:
     """One optimizer step as the Trainer takes it: forward under autocast, backward, clipping, AdamW."""
     model.train()
-    optimizer = build_optimizer(model, cfg.train)
+    optimizer = build_optimizer(model, cfg.train, encoding_optimizer(cfg.encoding))
     batch = synthetic_batch(cfg.train.batch_size, cfg.train.seq_len)
     dtype = precision(cfg)
 

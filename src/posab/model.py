@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posab.attention import AttentionInputs, attention, causal_mask
-from posab.encodings import Encoding, Positions
+from posab.encodings import INIT_STD, Encoding, Positions
 from posab.errors import require, require_positive
 
 BACKENDS = ("sdpa", "flex")
@@ -135,14 +135,14 @@ class DecoderLM(nn.Module):
         self._mask_cache: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
 
     def _init_weights(self) -> None:
-        """GPT-2 initialisation; residual projections scaled by 1/sqrt(2 * n_layers)."""
+        """GPT-2 initialisation (std INIT_STD); residual projections scaled by 1/sqrt(2 * n_layers)."""
         for name, param in self.named_parameters():
             if name.startswith("encoding."):
                 continue
             if name.endswith("proj.weight") or name.endswith("down.weight"):
-                nn.init.normal_(param, std=0.02 / math.sqrt(2 * self.cfg.n_layers))
+                nn.init.normal_(param, std=INIT_STD / math.sqrt(2 * self.cfg.n_layers))
             elif param.dim() == 2:
-                nn.init.normal_(param, std=0.02)
+                nn.init.normal_(param, std=INIT_STD)
 
     def forward(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from matplotlib.figure import Figure
 
 
@@ -46,6 +47,8 @@ class EvalOutput:
     scalars: slash keys (`ppl/2048`, `needle/acc@4096`) -> numbers: results.json, metrics.jsonl, W&B summary.
     data: curves and grids as JSON values (`position_loss/512`, `needle/grid`): results.json.
     tables, curves, figures: by name, unique within the output.
+    arrays: by name, named numeric arrays too large for JSON (per-window losses): the run writes each as
+    `<name>.npz`, for reports that pair runs window by window.
     """
 
     scalars: dict[str, float] = field(default_factory=dict)
@@ -53,6 +56,7 @@ class EvalOutput:
     tables: dict[str, Table] = field(default_factory=dict)
     curves: dict[str, Curves] = field(default_factory=dict)
     figures: dict[str, Figure] = field(default_factory=dict)
+    arrays: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     @property
     def results(self) -> dict[str, Any]:
@@ -67,6 +71,7 @@ class EvalOutput:
             (self.tables, other.tables),
             (self.curves, other.curves),
             (self.figures, other.figures),
+            (self.arrays, other.arrays),
         ):
             clashes = sorted(set(mine) & set(theirs))
             if clashes:

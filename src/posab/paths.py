@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
 
 from posab.errors import ConfigError
 
@@ -35,3 +38,13 @@ def conf_dir() -> Path:
 def encoding_names(conf: Path | None = None) -> list[str]:
     """Every encoding with a config file, `conf/encoding/<name>.yaml`, sorted."""
     return sorted(p.stem for p in ((conf or conf_dir()) / "encoding").glob("*.yaml"))
+
+
+def encoding_options(name: str, conf: Path | None = None) -> dict[str, Any]:
+    """What `conf/encoding/<name>.yaml` sets, `_before_` included (the values runs made before an option
+    existed had), unresolved; {} where there is no such file."""
+    path = (conf or conf_dir()) / "encoding" / f"{name}.yaml"
+    if not name or not path.is_file():
+        return {}
+    options = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    return {str(k): v for k, v in options.items()} if isinstance(options, dict) else {}

@@ -40,7 +40,7 @@ from omegaconf import OmegaConf
 
 from posab.evaluate import evaluator_classes
 from posab.outputs import Column
-from posab.paths import conf_dir
+from posab.paths import encoding_options
 from posab.plots import needle_heatmap, new_figure, save_figure
 from posab.results import bin_centres, flatten, is_number
 
@@ -55,6 +55,7 @@ IGNORED_KEYS = (
     "run_dir",
     "encoding.name",
     "encoding._target_",
+    "encoding._before_",
     "data.path",
     "data.cache_dir",
     "data.hub_local_dir",
@@ -173,7 +174,7 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
         results = {"status": "failed", "error": f"unreadable results.json: {err}"}
     raw = OmegaConf.to_container(OmegaConf.load(path / "config.yaml"), resolve=False)
     config = yaml_values(raw if isinstance(raw, dict) else {})
-    config = {**encoding_defaults(config.get("encoding.name", "")), **config}
+    config = {**encoding_defaults(config.get("encoding.name", "")), **with_current_keys(config)}
     metrics = {k: float(results[k]) for k in RUN_METRICS if is_number(results.get(k))}
     metrics.update(
         {f"params/{k}": float(v) for k, v in (results.get("params") or {}).items() if is_number(v)}
@@ -217,15 +218,38 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
 
 @cache
 def encoding_defaults(encoding: str) -> dict[str, str]:
-    """The options of `conf/encoding/<encoding>.yaml` as `encoding.*` keys; empty where there is none.
+    """The options of `conf/encoding/<encoding>.yaml` as `encoding.*` keys, as a run that lacks one of
+    them ran it; empty where there is no such file.
 
-    A run made before an encoding option existed lacks the key; it ran with what is now the option's
-    default (new options keep the old behaviour by default), so the report fills it in from there."""
-    path = conf_dir() / "encoding" / f"{encoding}.yaml"
-    if not encoding or not path.is_file():
+    A run made before an encoding option existed lacks the key. It ran with the option's default, unless
+    the default changed: the yaml's `_before_` gives the value such runs had (e.g. sinusoidal
+    `form: unscaled`), and that one is filled in. `_before_` itself is no option."""
+    options = encoding_options(encoding) if encoding else {}
+    if not options:
         return {}
-    options = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    return yaml_values({"encoding": options}) if isinstance(options, dict) else {}
+    before = options.get("_before_") or {}
+    current = {k: v for k, v in options.items() if k != "_before_"}
+    return yaml_values({"encoding": {**current, **before}})
+
+
+# Config keys an encoding option replaced: the option and the option's value for each old value. A run that
+# has the old key (and not the option) is labelled with the option's value, in the row of the runs made
+# with it, and the old key is dropped. Runs read back from a report's runs.csv keep their columns as
+# written.
+LEGACY_KEYS: dict[str, tuple[str, dict[str, str]]] = {
+    # sinusoidal before `form` (issue 13): x * sqrt(d) + PE (the paper's) or x + PE
+    "encoding.scale_embeddings": ("encoding.form", {"true": "paper", "false": "unscaled"}),
+}
+
+
+def with_current_keys(config: dict[str, str]) -> dict[str, str]:
+    """A run's flattened config with every key in LEGACY_KEYS replaced by the option that replaced it."""
+    current = dict(config)
+    for old, (option, values) in LEGACY_KEYS.items():
+        if old in current:
+            value = current.pop(old)
+            current.setdefault(option, values.get(value, value))
+    return current
 
 
 def _encoding_from(config: dict[str, str], overrides: str) -> str:

@@ -25,9 +25,10 @@ from posab.config import Config, config_container, load_config
 from posab.data import CorpusData, TokenStream, TrainSampler, prepare_data
 from posab.device import autocast_dtype, resolve_device
 from posab.distributed import World, barrier, world
+from posab.encodings import encoding_optimizer
 from posab.errors import ConfigError, Preempted
 from posab.evaluate import EvalContext, enabled_evaluators, run_evaluations
-from posab.io import write_json, write_text
+from posab.io import atomic_write, write_json, write_text
 from posab.logging import JsonlLogger, Logger, MultiLogger, NullLogger
 from posab.model import DecoderLM
 from posab.outputs import EvalOutput, Table
@@ -276,8 +277,17 @@ def run_header(cfg: Config) -> dict[str, Any]:
     }
 
 
+def eval_split(cfg: Config, data: CorpusData) -> TokenStream:
+    """The split the evaluators score (`eval.split`)."""
+    if cfg.eval.split not in data.streams:
+        raise ConfigError(
+            f"eval.split={cfg.eval.split!r}: the corpus has no such split; it has {', '.join(data.streams)}"
+        )
+    return data.streams[cfg.eval.split]
+
+
 def check_eval_lengths(cfg: Config, valid: TokenStream) -> None:
-    """Fail before training when the validation split cannot supply an evaluation length (`eval.lengths`
+    """Fail before training when the evaluated split cannot supply an evaluation length (`eval.lengths`
     and the window lengths of every enabled evaluator)."""
     lengths = set(cfg.eval.lengths)
     for evaluator in enabled_evaluators(cfg.eval):
@@ -285,7 +295,7 @@ def check_eval_lengths(cfg: Config, valid: TokenStream) -> None:
     too_long = sorted(n for n in lengths if valid.windows_available(n) == 0)
     if too_long:
         raise ConfigError(
-            f"eval length(s) {too_long} longer than the validation split can supply: it has {len(valid)} "
+            f"eval length(s) {too_long} longer than the {valid.split} split can supply: it has {len(valid)} "
             f"tokens, a window of L tokens needs L+1; use eval.lengths up to {len(valid) - 1} or more data"
         )
 
@@ -294,7 +304,7 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
     seed_everything(cfg.seed)
     device = resolve_device(cfg.train.device)
     data = prepare_data(cfg.data)
-    check_eval_lengths(cfg, data.streams["valid"])
+    check_eval_lengths(cfg, eval_split(cfg, data))
     model = build_model(cfg, data.vocab_size).to(device)
     config = config_container(cfg)
 
@@ -303,7 +313,8 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
             save_checkpoint(run_dir / CHECKPOINTS[kind], {**state, "config": config})
 
     sampler, valid = train_sampler(cfg, data), data.streams["valid"]
-    trainer = Trainer(model, sampler, valid, cfg.train, logger, device, checkpoint)
+    optim = encoding_optimizer(cfg.encoding)  # encoding.lr_mult, encoding.weight_decay
+    trainer = Trainer(model, sampler, valid, cfg.train, logger, device, checkpoint, optim)
     if resume is not None:
         trainer.load_state_dict(resume)
     result = trainer.fit()
@@ -312,7 +323,7 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
         "train_loss": result.train_loss,
         "val_loss": result.val_loss,
         "tokens_per_s": result.tokens_per_s,
-        "params": model.parameter_counts(),
+        "params": {**model.parameter_counts(), **model.encoding.summary()},
         "device": str(device),
         "precision": "bf16" if trainer.dtype == torch.bfloat16 else "fp32",
         "data": {"cache": str(data.cache_dir.name), "tokens": {s: len(st) for s, st in data.streams.items()}},
@@ -343,7 +354,7 @@ def train_sampler(cfg: Config, data: CorpusData) -> TrainSampler:
 def eval_context(
     cfg: Config, model: DecoderLM, data: CorpusData, device: torch.device, dtype: torch.dtype | None
 ) -> EvalContext:
-    valid = data.streams["valid"]
+    valid = eval_split(cfg, data)
     return EvalContext(
         model, data.tokenizer, valid, device, dtype, cfg.train.seq_len, cfg.eval, title=encoding_name(cfg)
     )
@@ -359,10 +370,22 @@ def evaluate(ctx: EvalContext, run_dir: Path, logger: Logger, step: int) -> dict
 
 
 def write_output_files(output: EvalOutput, folder: Path) -> list[Path]:
-    """Each table as `<name>.csv` and each figure as `<name>.png` in `folder`."""
+    """Each table as `<name>.csv`, each figure as `<name>.png` and each set of arrays as `<name>.npz` in
+    `folder`."""
     written = [write_text(folder / f"{name}.csv", table_csv(table)) for name, table in output.tables.items()]
     written += [save_figure(figure, folder / f"{name}.png") for name, figure in output.figures.items()]
+    written += [write_arrays(folder / f"{name}.npz", arrays) for name, arrays in output.arrays.items()]
     return written
+
+
+def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    """Compressed `.npz`, keys as given (`np.load(path)[key]`)."""
+
+    def save(tmp: Path) -> None:
+        with tmp.open("wb") as f:
+            np.savez_compressed(f, **arrays)
+
+    return atomic_write(path, save)
 
 
 def table_csv(table: Table) -> str:
@@ -387,7 +410,7 @@ def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path | None = None)
     cfg = load_config(OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides)))  # type: ignore[arg-type]
     device = resolve_device(cfg.train.device)
     data = prepare_data(cfg.data)
-    check_eval_lengths(cfg, data.streams["valid"])
+    check_eval_lengths(cfg, eval_split(cfg, data))
     model = build_model(cfg, data.vocab_size)
     path = run_dir / CHECKPOINTS["latest"]
     state = load_checkpoint(path)

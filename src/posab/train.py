@@ -20,6 +20,7 @@ from tqdm import tqdm
 from posab.data import Batch, TokenStream, TrainSampler
 from posab.device import autocast, autocast_dtype
 from posab.distributed import any_rank, mean_across_ranks, sum_across_ranks, world
+from posab.encodings import EncodingOptimizer
 from posab.errors import Preempted, TrainingError, require, require_positive
 from posab.logging import Logger
 from posab.model import DecoderLM
@@ -84,19 +85,55 @@ def lr_multiplier(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """Weight decay on matrices only (not on norms, biases or per-head vectors)."""
+def param_groups(model: nn.Module, cfg: TrainConfig, enc: EncodingOptimizer) -> list[dict[str, Any]]:
+    """AdamW groups: the model's matrices (decayed by train.weight_decay), its other parameters (norms: not
+    decayed), and the encoding's parameters at lr train.lr * lr_mult, decayed by `enc.weight_decay`; with
+    None, by train.weight_decay for matrices and not at all for vectors, as before the option existed.
+    A model other than a DecoderLM (the benchmark's peer) has no encoding group. Empty groups are left out."""
+    encoding = model.encoding if isinstance(model, DecoderLM) else None
+    coded_ids = {id(p) for p in encoding.parameters()} if encoding is not None else set()
     params = [p for p in model.parameters() if p.requires_grad]
+    own = [p for p in params if id(p) not in coded_ids]
+    coded = [p for p in params if id(p) in coded_ids]
+    enc_lr = cfg.lr * enc.lr_mult
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in own if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in own if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    if enc.weight_decay is None:
+        groups += [
+            {"params": [p for p in coded if p.dim() >= 2], "weight_decay": cfg.weight_decay, "lr": enc_lr},
+            {"params": [p for p in coded if p.dim() < 2], "weight_decay": 0.0, "lr": enc_lr},
+        ]
+    else:
+        groups.append({"params": coded, "weight_decay": enc.weight_decay, "lr": enc_lr})
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(
+    model: nn.Module, cfg: TrainConfig, enc: EncodingOptimizer | None = None
+) -> torch.optim.AdamW:
+    """AdamW over `param_groups`; after every step a DecoderLM's encoding puts its parameters back into
+    their valid set (`Encoding.constrain`). The schedule (LambdaLR) multiplies each group's own initial lr,
+    so the encoding's group keeps its lr_mult throughout."""
+    groups = param_groups(model, cfg, enc or EncodingOptimizer())
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    if isinstance(model, DecoderLM):
+        encoding = model.encoding
+        optimizer.register_step_post_hook(lambda *_: encoding.constrain())
+    return optimizer
+
+
+def token_losses(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """The cross-entropy of every target token, in float32: (B, T)."""
+    logits = model(batch.inputs, batch.sentence, batch.paragraph)  # (B, T, V)
+    losses = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), reduction="none")
+    return losses.view_as(batch.targets)  # (B*T,) -> (B, T)
 
 
 def lm_loss(model: nn.Module, batch: Batch, reduction: str = "mean") -> torch.Tensor:
-    logits = model(batch.inputs, batch.sentence, batch.paragraph)  # (B, T, V)
-    return F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), reduction=reduction)
+    losses = token_losses(model, batch)  # (B, T)
+    return losses.mean() if reduction == "mean" else losses.sum()
 
 
 def batches(stream: TokenStream, starts: np.ndarray, length: int, batch_size: int) -> Iterator[Batch]:
@@ -139,6 +176,8 @@ class Progress:
     recent_losses: list[float] = field(default_factory=list)
     val_loss: float = float("nan")
     best_val_loss: float = float("inf")
+    needle_loss_sum: float = 0.0  # key-token loss of the passkey examples since the last log line
+    needle_tokens: int = 0
 
 
 def rng_states() -> dict[str, Any]:
@@ -189,9 +228,11 @@ class Trainer:
         logger: Logger,
         device: torch.device,
         checkpoint: Callable[[dict[str, Any], str], None],
+        encoding_optimizer: EncodingOptimizer | None = None,
     ) -> None:
         """`sampler` draws the training batches (this rank's rows); `valid` is the validation split;
-        `checkpoint(state, kind)` stores a state (`kind`: latest or best)."""
+        `checkpoint(state, kind)` stores a state (`kind`: latest or best); `encoding_optimizer`: how the
+        encoding's parameters are trained (`encoding.lr_mult`, `encoding.weight_decay`)."""
         self.model, self.cfg, self.logger, self.device = model, cfg, logger, device
         self.checkpoint = checkpoint
         self.parallel = DistributedDataParallel(model) if world().distributed else model  # gradients averaged
@@ -200,7 +241,7 @@ class Trainer:
         self.sampler = sampler
         self.valid_stream = valid
         self.valid_starts = valid.fixed_windows(cfg.seq_len, cfg.val_windows)
-        self.optimizer = build_optimizer(model, cfg)
+        self.optimizer = build_optimizer(model, cfg, encoding_optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_multiplier(s, cfg))
         self.dtype = autocast_dtype(cfg.precision, device)
         self.progress = Progress()
@@ -242,9 +283,13 @@ class Trainer:
         for _ in range(self.cfg.grad_accum):
             batch = self.sampler.next_batch().to(self.device)
             with autocast(self.device, self.dtype):
-                loss = lm_loss(self.parallel, batch) / self.cfg.grad_accum
+                losses = token_losses(self.parallel, batch)  # (B, T)
+                loss = losses.mean() / self.cfg.grad_accum
             loss.backward()
             total += float(loss.detach())
+            if batch.key_mask is not None:
+                self.progress.needle_loss_sum += float(losses.detach()[batch.key_mask].sum())
+                self.progress.needle_tokens += int(batch.key_mask.sum())
         total = mean_across_ranks(total)  # the global batch's loss; every rank sees the same value
         if not math.isfinite(total):
             saved = self.last_saved_step()
@@ -305,6 +350,11 @@ class Trainer:
             "train/grad_norm": grad_norm,
             "train/tokens_per_s": tokens_per_s,
         }
+        progress = self.progress
+        needle_sum, needle_tokens = sum_across_ranks(progress.needle_loss_sum, progress.needle_tokens)
+        if needle_tokens:  # key-token loss of the interval's passkey examples (none: not logged)
+            metrics["train/needle_loss"] = needle_sum / needle_tokens
+        progress.needle_loss_sum, progress.needle_tokens = 0.0, 0
         self.logger.log(metrics, done)
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}")
 

@@ -13,8 +13,16 @@ from posab.data.bpe import TOKENIZER_FILE, BPETokenizer
 from posab.data.config import DataConfig, SyntheticConfig
 from posab.data.corpora import corpus_identity, load_documents
 from posab.data.passkey import filler_length, passkey_batch
-from posab.data.streams import Batch, TokenStream, cache_key, encode_splits, fill_cache, load_cached
-from posab.data.tokenizer import ByteTokenizer, Encoded, Tokenizer
+from posab.data.streams import (
+    Batch,
+    EncodedSplit,
+    TokenStream,
+    cache_key,
+    encode_splits,
+    fill_cache,
+    load_cached,
+)
+from posab.data.tokenizer import ByteTokenizer, Tokenizer
 from posab.errors import ConfigError
 from posab.io import publish_directory
 
@@ -88,7 +96,7 @@ def load_tokenizer(cfg: DataConfig, folder: Path) -> Tokenizer:
 
 
 def publish(
-    folder: Path, encoded: dict[str, Encoded], identity: dict[str, Any], tokenizer: Tokenizer
+    folder: Path, encoded: dict[str, EncodedSplit], identity: dict[str, Any], tokenizer: Tokenizer
 ) -> None:
     """Cache the streams in `folder`, a BPE tokenizer with them, in one atomic rename.
 

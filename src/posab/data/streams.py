@@ -20,39 +20,47 @@ from torch import Tensor
 from posab.data.tokenizer import Encoded, Tokenizer, concatenate
 from posab.errors import ConfigError
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the document index of every token (`<split>.document.npy`)
 FIELDS = ("tokens", "sentence", "paragraph")
 
 
 @dataclass
 class Batch:
-    """inputs, targets, sentence, paragraph: (B, T) int64 tensors."""
+    """inputs, targets, sentence, paragraph: (B, T) int64 tensors; key_mask: (B, T) bool, True at the
+    targets that are a passkey's digits (passkey examples), or None when no row is one."""
 
     inputs: Tensor
     targets: Tensor
     sentence: Tensor
     paragraph: Tensor
+    key_mask: Tensor | None = None
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The five tensors, the key mask made explicit (all False when there is none)."""
+        mask = self.key_mask
+        if mask is None:
+            mask = torch.zeros_like(self.targets, dtype=torch.bool)
+        return self.inputs, self.targets, self.sentence, self.paragraph, mask
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(
-            *(
-                t.to(device, non_blocking=True)
-                for t in (self.inputs, self.targets, self.sentence, self.paragraph)
-            )
-        )
+        mask = None if self.key_mask is None else self.key_mask.to(device, non_blocking=True)
+        fields = (self.inputs, self.targets, self.sentence, self.paragraph)
+        return Batch(*(t.to(device, non_blocking=True) for t in fields), key_mask=mask)
 
     def cat(self, other: Batch) -> Batch:
         """Rows of both batches: (B1 + B2, T)."""
-        fields = ("inputs", "targets", "sentence", "paragraph")
-        return Batch(*(torch.cat([getattr(self, f), getattr(other, f)]) for f in fields))
+        mine, theirs = self.tensors(), other.tensors()
+        joined = [torch.cat([a, b]) for a, b in zip(mine, theirs, strict=True)]
+        has_keys = self.key_mask is not None or other.key_mask is not None
+        return Batch(*joined[:4], key_mask=joined[4] if has_keys else None)
 
     def rows(self, rank: int, world_size: int) -> Batch:
         """Shard `rank` of `world_size` equal shards of the rows (the whole batch for one process)."""
         if world_size == 1:
             return self
         size = self.inputs.shape[0] // world_size
-        fields = ("inputs", "targets", "sentence", "paragraph")
-        return Batch(*(getattr(self, f)[rank * size : (rank + 1) * size] for f in fields))
+        shard = [t[rank * size : (rank + 1) * size] for t in self.tensors()]
+        return Batch(*shard[:4], key_mask=shard[4] if self.key_mask is not None else None)
 
     @property
     def num_tokens(self) -> int:
@@ -60,10 +68,19 @@ class Batch:
 
 
 class TokenStream:
-    """One split: memory-mapped arrays of equal length."""
+    """One split: memory-mapped arrays of equal length; `document` (the document index of every token) is
+    there for streams built from documents, None otherwise."""
 
-    def __init__(self, tokens: np.ndarray, sentence: np.ndarray, paragraph: np.ndarray, split: str) -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        sentence: np.ndarray,
+        paragraph: np.ndarray,
+        split: str,
+        document: np.ndarray | None = None,
+    ) -> None:
         self.tokens, self.sentence, self.paragraph, self.split = tokens, sentence, paragraph, split
+        self.document = document
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -84,6 +101,14 @@ class TokenStream:
             sentence=sentence - sentence[:, :1],
             paragraph=paragraph - paragraph[:, :1],
         )
+
+    def target_documents(self, starts: np.ndarray, length: int) -> np.ndarray | None:
+        """(B, T) document index of each target of the windows (`batch(starts, length).targets`), or None
+        when the stream has no document index."""
+        if self.document is None:
+            return None
+        rows = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(1, length + 1)[None, :]  # (B, T)
+        return np.asarray(self.document[rows])
 
     def fixed_windows(self, length: int, count: int) -> np.ndarray:
         """Starts of `count` non-overlapping windows spread evenly over the split (all if fewer fit)."""
@@ -112,20 +137,38 @@ def load_cached(folder: Path) -> dict[str, TokenStream] | None:
     splits = json.loads((folder / "meta.json").read_text())["splits"]
     return {
         split: TokenStream(
-            *(np.load(folder / f"{split}.{f}.npy", mmap_mode="r") for f in FIELDS), split=split
+            *(np.load(folder / f"{split}.{f}.npy", mmap_mode="r") for f in FIELDS),
+            split=split,
+            document=np.load(folder / f"{split}.document.npy", mmap_mode="r"),
         )
         for split in splits
     }
 
 
-def fill_cache(folder: Path, encoded: dict[str, Encoded], identity: dict[str, Any]) -> None:
-    """Write the streams and their meta.json into an existing `folder` (see `posab.data.publish`)."""
+def fill_cache(folder: Path, encoded: dict[str, EncodedSplit], identity: dict[str, Any]) -> None:
+    """Write the streams, their document index and meta.json into an existing `folder` (see
+    `posab.data.publish`)."""
     for split, enc in encoded.items():
         for name in FIELDS:
-            np.save(folder / f"{split}.{name}.npy", getattr(enc, name))
-    meta = {"splits": list(encoded), "corpus": identity, "sizes": {s: len(e) for s, e in encoded.items()}}
+            np.save(folder / f"{split}.{name}.npy", getattr(enc.stream, name))
+        np.save(folder / f"{split}.document.npy", enc.document)
+    sizes = {s: len(e.stream) for s, e in encoded.items()}
+    meta = {"splits": list(encoded), "corpus": identity, "sizes": sizes}
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
-def encode_splits(docs: dict[str, list[str]], tokenizer: Tokenizer) -> dict[str, Encoded]:
-    return {split: concatenate([tokenizer.encode(doc) for doc in texts]) for split, texts in docs.items()}
+@dataclass
+class EncodedSplit:
+    """A split's documents encoded into one stream, and the document index of every token: (N,) int32."""
+
+    stream: Encoded
+    document: np.ndarray
+
+
+def encode_splits(docs: dict[str, list[str]], tokenizer: Tokenizer) -> dict[str, EncodedSplit]:
+    out = {}
+    for split, texts in docs.items():
+        parts = [tokenizer.encode(doc) for doc in texts]
+        document = np.repeat(np.arange(len(parts), dtype=np.int32), [len(p) for p in parts])  # (N,)
+        out[split] = EncodedSplit(concatenate(parts), document)
+    return out

@@ -4,7 +4,8 @@ An encoding may add to the token embeddings (`embed`), rotate queries and keys (
 additive attention bias (`bias`) and/or a multiplicative factor on the attention scores (`score_scale`).
 All are no-ops by default. Everything an encoding needs about positions arrives in one `Positions` value.
 An encoding may also offer evaluation-time variants (`variants`, `variant`: RoPE's context extensions),
-and checks its own config node (`check_params`).
+keep its parameters in their valid set after each optimizer step (`constrain`), report numbers about
+itself with the run's parameter counts (`summary`), and checks its own config node (`check_params`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from torch import Tensor, nn
 
 from posab.errors import ConfigError
 
+# The model's initialisation std for its embeddings and matrices (GPT-2; Radford et al., 2019): the token
+# embeddings start with norm ~ INIT_STD * sqrt(d_model); an encoding that adds to them sizes itself on it.
+INIT_STD = 0.02
+
 
 @dataclass(frozen=True)
 class Dims:
@@ -33,6 +38,7 @@ class Dims:
     max_positions: int = (
         8192  # the largest position + 1 the run will use (evaluation and shift offsets included)
     )
+    seed: int = 0  # the run's seed: an encoding that draws from its own generator seeds it from this
 
     @property
     def head_dim(self) -> int:
@@ -99,6 +105,15 @@ class Encoding(nn.Module):
         """Multiplicative factor (1 or B, H, T, T) on q.k / sqrt(d) before the bias, or None (form (2))."""
         return None
 
+    def constrain(self) -> None:
+        """Put the parameters back into their valid set; the optimizer calls it after every step (KERPLE's
+        clamp). Nothing to do by default."""
+
+    def summary(self) -> dict[str, float]:
+        """Numbers about the encoding a run records with its parameter counts (results.json `params`,
+        report columns `params/<key>`), e.g. the rows of a learned table that training reaches."""
+        return {}
+
     def reference_bias(self, pos: Positions) -> Tensor | None:
         """The bias as its definition reads, computed for every (query, key) pair (1 or B, H, T, T): the slow
         reference that `bias` must equal (tests, benchmark), or None when there is no separate one."""
@@ -122,7 +137,8 @@ class Encoding(nn.Module):
         if unknown:
             raise ConfigError(
                 f"encoding {label!r} has no setting {', '.join(unknown)}; "
-                f"valid settings: {', '.join(accepted) or '(none)'}"
+                f"valid settings: {', '.join(accepted) or '(none)'}; "
+                "and, for the optimizer, lr_mult, weight_decay"
             )
         hints = get_type_hints(cls.__init__)
         for name, value in params.items():

@@ -2,9 +2,10 @@
 Transformers", arXiv:2310.04418; ICLR 2024).
 
 b(i, j) = f( psi(i - j) / psi(max(i, L_thr)) ) for j <= i, psi(x) = ln(1 + c x), f: 1 -> hidden -> H ReLU
-MLP (the paper's code). c = exp(log_c) > 0 (init `init_c`) and L_thr = train_len * exp(log_scale) > 0
-(init the training length) are learned. i is the absolute query position (offset included): the
-normaliser depends on it, so FIRE is not offset invariant. Future pairs (masked anyway) get input 0.
+MLP (the paper's code). c = exp(log_c) > 0 (init `init_c`: 0.1, the paper's code) and
+L_thr = train_len * exp(log_scale) > 0 (init the training length) are learned. i is the absolute query
+position (offset included): the normaliser depends on it, so FIRE is not offset invariant. Future pairs
+(masked anyway) get input 0.
 
 Exact and cheap: f is piecewise linear in its scalar input, with a kink at each hidden unit's t_k = -b1_k /
 w1_k. On the segment between consecutive sorted kinks the same units are active, so
@@ -48,7 +49,7 @@ def relu_mlp_pieces(mlp: nn.Sequential) -> tuple[Tensor, Tensor, Tensor]:
 class FIRE(Encoding):
     relative_only = False
 
-    def __init__(self, dims: Dims, hidden: int = 32, init_c: float = 1.0) -> None:
+    def __init__(self, dims: Dims, hidden: int = 32, init_c: float = 0.1) -> None:
         super().__init__(dims)
         if hidden < 1 or init_c <= 0 or dims.train_len < 1:
             raise ConfigError(

@@ -3,7 +3,11 @@
 One multi-scale MLP per level, on that level's relative coordinate: token (i - j), sentence
 (s_i - s_j) and paragraph (p_i - p_j), where s and p are the sentence and paragraph indices of each token.
 The per-level biases are combined by a learned linear mix over (level, head) -> head, as the note
-describes, or by a plain sum (`combine=sum`).
+describes, or by a plain sum (`combine=sum`). The mix starts as the plain sum (identity blocks); with no
+weight decay on the encoding's parameters (`encoding.weight_decay`, default 0) nothing pulls it toward 0.
+It has no per-head constant: softmax over the keys ignores a constant added to every score of a query row,
+so such a term never changes the model (runs before issue 13 had one, `mix_bias`; loading their
+checkpoints drops it).
 
 Each level's MLP runs on that level's distinct distances only. The mix is linear, so it is applied to the
 small per-distance tables before they are gathered: exactly the note's mix of the per-pair biases, at a
@@ -49,7 +53,6 @@ class Hierarchical(Encoding):
         if combine == "mix":
             # mix[l] maps level l's H heads to the output H heads; starts as the plain sum
             self.mix = nn.Parameter(torch.eye(h).repeat(len(self.levels), 1, 1))  # (levels, H, H)
-            self.mix_bias = nn.Parameter(torch.zeros(h))  # (H,)
 
     def bias(self, pos: Positions) -> Tensor:
         total: Tensor | None = None
@@ -62,8 +65,6 @@ class Hierarchical(Encoding):
             level_bias = self._structural_bias(structural, pos)  # (B, H, L, L)
             total = level_bias if total is None else total + level_bias
         assert total is not None
-        if self.combine == "mix":
-            total = total + self.mix_bias[None, :, None, None]
         return total
 
     def reference_bias(self, pos: Positions) -> Tensor | None:
@@ -79,7 +80,13 @@ class Hierarchical(Encoding):
                 bias = torch.einsum("oh,bhij->boij", self.mix[index], bias)
             total = bias if total is None else total + bias
         assert total is not None
-        return total + self.mix_bias[None, :, None, None] if self.combine == "mix" else total
+        return total
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        """Drop `mix_bias` from a checkpoint made before it was removed: a per-head constant, which the
+        softmax ignores."""
+        state_dict.pop(prefix + "mix_bias", None)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def _mixed(self, level: str, table: Tensor) -> Tensor:
         """Apply `level`'s share of the linear mix to its (H, N) table."""

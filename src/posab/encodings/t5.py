@@ -1,6 +1,11 @@
 """T5 relative position bias (Raffel et al., 2020), causal bucketing.
 
-b_h(i, j) = W[bucket(i - j), h], with W a learned (num_buckets, H) table, init N(0, 0.02^2).
+b_h(i, j) = W[bucket(i - j), h] * g, with W a learned (num_buckets, H) table. `init`:
+- `xtransformers` (default): W ~ N(0, 1) and g = sqrt(d_head), x-transformers' RelativePositionBias
+  (lucidrains/x-transformers, `scale = dim_head ** 0.5`): the biases start at std sqrt(d_head) (5.7 at
+  d_head 32, ALiBi's order) and each Adam step moves them by up to ~lr * sqrt(d_head).
+- `gpt2`: W ~ N(0, INIT_STD^2) and g = 1, the form every run used before `init` existed: under Adam a
+  bias moves at most ~lr per step (~0.33 summed over a 200-step schedule), far from ALiBi's range.
 bucket(n) for n = max(i - j, 0), as in the T5 code's `_relative_position_bucket(bidirectional=False)`:
 with e = num_buckets // 2, n < e -> n (exact); otherwise
 e + floor(ln(n / e) / ln(max_distance / e) * (num_buckets - e)), capped at num_buckets - 1 (every distance
@@ -13,8 +18,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding, Positions, distances, toeplitz
+from posab.encodings.base import INIT_STD, Dims, Encoding, Positions, distances, toeplitz
 from posab.errors import ConfigError
+
+INITS = ("xtransformers", "gpt2")
 
 
 def t5_buckets(distance: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
@@ -31,17 +38,23 @@ class T5Bias(Encoding):
     relative_only = True
     static_bias = True
 
-    def __init__(self, dims: Dims, num_buckets: int = 32, max_distance: int = 128) -> None:
+    def __init__(
+        self, dims: Dims, num_buckets: int = 32, max_distance: int = 128, init: str = "xtransformers"
+    ) -> None:
         super().__init__(dims)
         if num_buckets < 2 or max_distance <= num_buckets // 2:
             raise ConfigError(
                 f"t5 bias needs num_buckets >= 2 and max_distance > num_buckets // 2; "
                 f"got num_buckets={num_buckets}, max_distance={max_distance}"
             )
+        if init not in INITS:
+            raise ConfigError(f"t5 init={init!r}: use one of {list(INITS)}")
         self.num_buckets, self.max_distance = num_buckets, max_distance
-        self.table = nn.Parameter(torch.randn(num_buckets, dims.n_heads) * 0.02)  # (num_buckets, H)
+        std = 1.0 if init == "xtransformers" else INIT_STD
+        self.table = nn.Parameter(torch.randn(num_buckets, dims.n_heads) * std)  # (num_buckets, H)
+        self.gain = math.sqrt(dims.head_dim) if init == "xtransformers" else 1.0  # g
 
     def bias(self, pos: Positions) -> Tensor:
         buckets = t5_buckets(distances(pos.length, self.table.device), self.num_buckets, self.max_distance)
-        table = self.table[buckets].transpose(0, 1)  # (2L-1, H) -> (H, 2L-1)
+        table = (self.table[buckets] * self.gain).transpose(0, 1)  # (2L-1, H) -> (H, 2L-1)
         return toeplitz(table, pos.length)[None]  # (1, H, L, L)

@@ -16,6 +16,8 @@ from posab.encodings.rope import SCALINGS
 from posab.errors import require
 from posab.model import DecoderLM, Observer
 
+SPLITS = ("valid", "test")
+
 
 @dataclass
 class EvalSettings:
@@ -23,6 +25,7 @@ class EvalSettings:
     (`posab.evaluate.EvalConfig`)."""
 
     lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
+    split: str = "valid"  # the text scored: valid (tuning, selection) | test (a study's final numbers)
     batch_tokens: int = 16384  # batch size per length = max(1, batch_tokens // length)
     progress: bool = True
     # encodings with evaluation-time variants (RoPE), at lengths past the training length: extra rows
@@ -31,6 +34,7 @@ class EvalSettings:
     rope_scaling_factor: float | None = None  # None: s = L / training length; else this fixed s >= 1
 
     def validate_settings(self) -> None:
+        require(self.split in SPLITS, f"eval.split={self.split!r}: use one of {', '.join(SPLITS)}")
         require(self.batch_tokens > 0, f"eval.batch_tokens={self.batch_tokens} must be positive")
         bad = [n for n in self.lengths if n < 1]
         require(not bad, f"eval.lengths={self.lengths}: every length must be >= 1 (bad: {bad})")
@@ -46,7 +50,7 @@ class EvalSettings:
 class EvalContext:
     model: DecoderLM
     tokenizer: Tokenizer
-    valid: TokenStream
+    valid: TokenStream  # the evaluated split, `eval.split` (the validation split by default)
     device: torch.device
     dtype: torch.dtype | None  # autocast dtype, None for fp32
     train_len: int

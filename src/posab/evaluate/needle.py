@@ -15,8 +15,14 @@ Hence if every argmax matches, greedy decoding produces the key (by induction on
 is at digit i, it produces digits 0..i-1 and then that wrong argmax. Ties are broken by `argmax` in both.
 Also reported: the teacher-forced log-probability of the key (natural log, summed over its digits).
 
-Results: `needle/acc` and `needle/logprob` (means over all trials), the same per length (`@L`) and per
-cell (`@L/depth{d}`), and `needle/grid` ({"lengths", "depths", "acc", "logprob"}, acc and logprob as
+Retrieval control: every example is scored a second time with another key (drawn from
+`numpy.random.default_rng([seed, L, depth index, 1])`, never the same) in its needle, the filler, depth and
+query unchanged. `gain` = log p(key | needle holding the key) - log p(key | needle holding the other key):
+how much the model's belief in the key comes from reading the needle. It is 0 for a model that ignores the
+needle, whatever its accuracy, and moves before accuracy does.
+
+Results: `needle/acc`, `needle/logprob` and `needle/gain` (means over all trials), the same per length
+(`@L`) and per cell (`@L/depth{d}`), and `needle/grid` ({"lengths", "depths", "acc", "logprob", "gain"}, as
 [per length][per depth] lists); the cells as the `needle` table and the `needle_heatmap` figure.
 """
 
@@ -34,8 +40,10 @@ from posab.data.passkey import (
     PasskeyExample,
     check_stream,
     examples_batch,
-    filler_length,
+    longest_filler,
     make_passkey_example,
+    random_key,
+    with_needle_key,
 )
 from posab.data.streams import Batch
 from posab.errors import ConfigError, require
@@ -76,7 +84,7 @@ def check_lengths(ctx: EvalContext, lengths: list[int], key_digits: int) -> None
     """Fail before any work when a length cannot hold an example or the split cannot fill one."""
     for length in lengths:
         try:
-            check_stream(ctx.valid, filler_length(ctx.tokenizer, length + 1, key_digits), length + 1)
+            check_stream(ctx.valid, longest_filler(ctx.tokenizer, length + 1, key_digits), length + 1)
         except ConfigError as err:
             raise ConfigError(
                 f"needle evaluation at length {length} (examples of {length + 1}): {err}"
@@ -91,6 +99,20 @@ def cell_examples(ctx: EvalContext, n: NeedleConfig, length: int, depth_index: i
         make_passkey_example(ctx.valid, ctx.tokenizer, length + 1, depth, rng, n.key_digits)
         for _ in range(n.trials)
     ]
+
+
+def control_examples(
+    ctx: EvalContext, n: NeedleConfig, length: int, depth_index: int, examples: list[PasskeyExample]
+) -> list[PasskeyExample]:
+    """Each example with another key in its needle (the retrieval control), the same in every run."""
+    rng = np.random.default_rng([n.seed, length, depth_index, 1])
+    controls = []
+    for example in examples:
+        other = random_key(rng, n.key_digits)
+        while other == example.key:
+            other = random_key(rng, n.key_digits)
+        controls.append(with_needle_key(ctx.valid, ctx.tokenizer, example, other))
+    return controls
 
 
 def score_batch(ctx: EvalContext, batch: Batch, key_digits: int) -> tuple[Tensor, Tensor]:
@@ -119,32 +141,38 @@ def score_examples(
     return torch.cat([c for c, _ in scores]), torch.cat([lp for _, lp in scores])
 
 
-def needle_metrics(
-    lengths: list[int], depths: list[float], acc: np.ndarray, logprob: np.ndarray
-) -> EvalOutput:
+@dataclass
+class Cells:
+    """Cell means over the trials, each (lengths, depths)."""
+
+    acc: np.ndarray
+    logprob: np.ndarray
+    gain: np.ndarray
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return {"acc": self.acc, "logprob": self.logprob, "gain": self.gain}
+
+
+def needle_metrics(lengths: list[int], depths: list[float], cells: Cells) -> EvalOutput:
     """The output from the (lengths, depths) cell means (every cell has `trials` trials)."""
-    out: dict[str, float] = {"needle/acc": float(acc.mean()), "needle/logprob": float(logprob.mean())}
-    for i, length in enumerate(lengths):
-        out[f"needle/acc@{length}"] = float(acc[i].mean())
-        out[f"needle/logprob@{length}"] = float(logprob[i].mean())
-        for j, depth in enumerate(depths):
-            out[f"needle/acc@{length}/{depth_label(depth)}"] = float(acc[i, j])
-            out[f"needle/logprob@{length}/{depth_label(depth)}"] = float(logprob[i, j])
-    grid = {
-        "lengths": [int(n) for n in lengths],
-        "depths": [float(d) for d in depths],
-        "acc": acc.tolist(),
-        "logprob": logprob.tolist(),
-    }
-    cells = [
-        [length, depth, grid["acc"][i][j], grid["logprob"][i][j]]
+    out: dict[str, float] = {}
+    for name, values in cells.as_dict().items():
+        out[f"needle/{name}"] = float(values.mean())
+        for i, length in enumerate(lengths):
+            out[f"needle/{name}@{length}"] = float(values[i].mean())
+            for j, depth in enumerate(depths):
+                out[f"needle/{name}@{length}/{depth_label(depth)}"] = float(values[i, j])
+    grid = {"lengths": [int(n) for n in lengths], "depths": [float(d) for d in depths]}
+    grid |= {name: values.tolist() for name, values in cells.as_dict().items()}
+    rows = [
+        [length, depth, grid["acc"][i][j], grid["logprob"][i][j], grid["gain"][i][j]]
         for i, length in enumerate(grid["lengths"])
         for j, depth in enumerate(grid["depths"])
     ]
     return EvalOutput(
         scalars=out,
         data={"needle/grid": grid},
-        tables={"needle": Table(["length", "depth", "acc", "logprob"], cells)},
+        tables={"needle": Table(["length", "depth", "acc", "logprob", "gain"], rows)},
     )
 
 
@@ -162,14 +190,18 @@ class Needle(Evaluator[NeedleConfig]):
         n = self.cfg
         lengths = needle_lengths(n, ctx.cfg)
         check_lengths(ctx, lengths, n.key_digits)
-        acc = np.zeros((len(lengths), len(n.depths)))  # (lengths, depths)
-        logprob = np.zeros((len(lengths), len(n.depths)))  # (lengths, depths)
-        cells = [(i, j) for i in range(len(lengths)) for j in range(len(n.depths))]
-        for i, j in tqdm(cells, desc="needle", disable=not ctx.cfg.progress):
-            correct, key_logprob = score_examples(ctx, cell_examples(ctx, n, lengths[i], j), n.key_digits)
-            acc[i, j] = float(correct.float().mean())
-            logprob[i, j] = float(key_logprob.mean())
-        output = needle_metrics(lengths, list(n.depths), acc, logprob)
+        shape = (len(lengths), len(n.depths))
+        cells = Cells(np.zeros(shape), np.zeros(shape), np.zeros(shape))  # (lengths, depths) each
+        grid = [(i, j) for i in range(len(lengths)) for j in range(len(n.depths))]
+        for i, j in tqdm(grid, desc="needle", disable=not ctx.cfg.progress):
+            examples = cell_examples(ctx, n, lengths[i], j)
+            correct, key_logprob = score_examples(ctx, examples, n.key_digits)
+            controls = control_examples(ctx, n, lengths[i], j, examples)
+            _, control_logprob = score_examples(ctx, controls, n.key_digits)
+            cells.acc[i, j] = float(correct.float().mean())
+            cells.logprob[i, j] = float(key_logprob.mean())
+            cells.gain[i, j] = float((key_logprob - control_logprob).mean())
+        output = needle_metrics(lengths, list(n.depths), cells)
         output.figures["needle_heatmap"] = needle_heatmap(output.data["needle/grid"], ctx.title)
         return output
 
@@ -194,6 +226,17 @@ class Needle(Evaluator[NeedleConfig]):
                     "log-probability (nats) of the whole passkey given the prompt (summed over its digits), "
                     "mean over every length and depth (`needle/logprob`; uniform over the 10 digits: "
                     "5 ln 0.1 = -11.51 for 5-digit keys)",
+                )
+            )
+        if "needle/gain" in keys:
+            columns.append(
+                Column(
+                    "needle gain",
+                    "needle/gain",
+                    ".2f",
+                    "retrieval control: log p(key | the needle holds it) - log p(key | the needle holds "
+                    "another key), nats, mean over every length and depth (`needle/gain`; 0 = the needle is "
+                    "not read)",
                 )
             )
         return columns

@@ -1,17 +1,32 @@
-"""Perplexity at several lengths, per-position loss, and optional sliding-window perplexity.
+"""Perplexity at several lengths on the same tokens, tail and context-capped perplexity, per-position loss.
 
-Protocol: for each length L, the same fixed, non-overlapping windows of L tokens from the validation split
-for every run (`TokenStream.fixed_windows`: evenly spread over the split, max(1, token_budget // L) of
-them unless `windows` is set); each window is scored from its own start (no context carried over);
-perplexity = exp(total loss / total scored tokens). Per-position loss: the mean loss at each position of
-the window over all windows, averaged in `position_bins` equal-width bins.
+Protocol: windows of the longest evaluation length Lmax, the same fixed, non-overlapping windows for every
+run (`TokenStream.fixed_windows`: evenly spread over the evaluation split, `eval.split`), max(1,
+token_budget // Lmax) of them where the split has that many (`windows` fixes the count). At every length
+L (each must divide Lmax) each window is cut into Lmax / L chunks of L tokens, each scored from its own
+start (positions 0..L-1, no context carried over): every length scores exactly the same tokens, so a
+difference between lengths is the length, not the text. perplexity = exp(total loss / scored tokens).
+
+- `loss/L`, `ppl/L`, `bpb/L` (bits per text byte), `position_loss/L` (mean loss per position, in
+  `position_bins` equal-width bins), `ppl_windows/L` (chunks scored).
+- L above the training length T: `loss_tail/L`, `ppl_tail/L`, the loss on chunk positions >= T only (`ppl/L`
+  also averages the first T in-distribution positions); `loss_capped/L`, `ppl_capped/L`, the same tail
+  tokens scored with their context cut to the training length: windows of T tokens ending at each block of
+  `capped_stride` tail tokens, which they score (each tail token sees between T - capped_stride and T - 1
+  tokens of context, at positions < T). `loss_capped - loss_tail` > 0: the model uses the context past T;
+  ~ 0: it ignores it; < 0: the long context hurts (extrapolation failure).
+- `loss_docmean/L`, `ppl_docmean/L`: the mean over documents of each document's mean token loss (a long
+  document does not dominate), when the split records its documents.
+- `ppl_sliding/L` with `stride`: sliding-window perplexity over the first windows' span of the split.
+- The per-window mean losses (`loss/L`, `loss_tail/L`, `loss_capped/L`, one value per window of Lmax, in
+  window order) and the window starts go to the `perplexity_windows` arrays (`perplexity_windows.npz`), so
+  that runs can be paired window by window.
 
 Encodings with evaluation-time variants (`Encoding.variants`: RoPE's context-extension methods `pi`, `ntk`,
-`yarn`; see `posab.encodings.rope`), at each length L past the training length: the same windows are
+`yarn`; see `posab.encodings.rope`), at each length L past the training length: the same chunks are
 scored again under each variant listed in `eval.rope_scaling` at scale factor s = L / train_len (or
-`eval.rope_scaling_factor`), as `loss@KIND/L`, `ppl@KIND/L` and `position_loss@KIND/L`. `none` is the plain
-`ppl/L` rows. At L <= train_len no scaling applies (every method would equal `none`), so those rows are
-left out.
+`eval.rope_scaling_factor`), as `loss@KIND/L`, `ppl@KIND/L`, `bpb@KIND/L` and `position_loss@KIND/L`
+(`none` is the plain rows; at L <= T every variant would equal `none`, so those rows are left out).
 """
 
 from __future__ import annotations
@@ -38,10 +53,11 @@ from posab.results import bin_centres, bin_edges
 
 @dataclass
 class PerplexityConfig(SectionConfig):
-    token_budget: int = 32768  # tokens scored per length: windows = max(1, budget // length)
-    windows: int | None = None  # a fixed number of windows per length instead of the budget
-    position_bins: int = 32  # per-position loss: equal-width bins over each window
+    token_budget: int = 131072  # tokens scored at every length: max(1, budget // Lmax) windows of Lmax
+    windows: int | None = None  # a fixed number of windows of the longest length instead of the budget
+    position_bins: int = 32  # per-position loss: equal-width bins over each chunk
     stride: int | None = None  # also report sliding-window perplexity with this stride
+    capped_stride: int = 128  # ppl_capped: tail tokens scored per window of the training length
 
     def validate(self, settings: EvalSettings) -> None:
         p = "eval.perplexity"
@@ -49,10 +65,27 @@ class PerplexityConfig(SectionConfig):
         require(self.windows is None or self.windows > 0, f"{p}.windows={self.windows} must be positive")
         require(self.position_bins > 0, f"{p}.position_bins={self.position_bins} must be positive")
         require(self.stride is None or self.stride > 0, f"{p}.stride={self.stride} must be positive")
+        require(self.capped_stride > 0, f"{p}.capped_stride={self.capped_stride} must be positive")
+        if self.enabled:
+            longest = max(settings.lengths, default=1)
+            bad = [n for n in settings.lengths if longest % n]
+            require(
+                not bad,
+                f"eval.lengths={settings.lengths}: every length must divide the longest ({longest}), so that "
+                f"every length scores the same tokens; bad: {bad}",
+            )
 
 
 def window_count(cfg: PerplexityConfig, length: int) -> int:
+    """Windows of the longest length `length`: `windows`, or as many as the token budget pays for."""
     return cfg.windows if cfg.windows is not None else max(1, cfg.token_budget // length)
+
+
+def chunk_starts(window_starts: np.ndarray, longest: int, length: int) -> np.ndarray:
+    """Starts of the chunks of `length` tokens that tile each window of `longest`: (N * longest / length,),
+    window by window."""
+    offsets = np.arange(0, longest, length)  # (k,)
+    return (window_starts[:, None] + offsets[None, :]).reshape(-1)  # (N, k) -> (N * k,)
 
 
 def token_losses(ctx: EvalContext, starts: np.ndarray, length: int) -> Tensor:
@@ -128,20 +161,83 @@ def scaled_losses(ctx: EvalContext, starts: np.ndarray, length: int) -> dict[str
     return out
 
 
-def length_rows(ctx: EvalContext, cfg: PerplexityConfig, length: int) -> dict[str, Any]:
-    """Every result of one length: plain, sliding-window and per-variant rows."""
+def capped_tail_losses(ctx: EvalContext, starts: np.ndarray, length: int, stride: int) -> Tensor:
+    """Losses of chunk positions train_len..length-1, each scored in a window of train_len tokens that ends
+    with its block of `stride` positions: (N, length - train_len) on the CPU."""
+    cap = ctx.train_len
+    ends = [*range(cap + stride, length, stride), length]  # exclusive block ends within the chunk
+    firsts = [cap, *ends[:-1]]
+    windows = (starts[:, None] + (np.asarray(ends) - cap)[None, :]).reshape(-1)  # (N, blocks) -> (N*blocks,)
+    losses = token_losses(ctx, windows, cap).view(len(starts), len(ends), cap)  # (N*blocks, T) -> (N, b, T)
+    blocks = [
+        losses[:, b, cap - (end - first) :] for b, (first, end) in enumerate(zip(firsts, ends, strict=True))
+    ]
+    return torch.cat(blocks, dim=1)  # (N, length - cap)
+
+
+@dataclass
+class LengthLosses:
+    """Per-token losses of every chunk of one length, and what they are summarised into."""
+
+    full: Tensor  # (N * k, L)
+    tail: Tensor | None  # (N * k, L - T), positions >= T; None at L <= T
+    capped: Tensor | None  # (N * k, L - T), the tail with context cut to T; None at L <= T
+
+
+def length_losses(ctx: EvalContext, cfg: PerplexityConfig, starts: np.ndarray, length: int) -> LengthLosses:
+    full = token_losses(ctx, starts, length)  # (N * k, L)
+    if length <= ctx.train_len:
+        return LengthLosses(full, None, None)
+    capped = capped_tail_losses(ctx, starts, length, cfg.capped_stride)
+    return LengthLosses(full, full[:, ctx.train_len :], capped)
+
+
+def per_window(losses: Tensor, windows: int) -> np.ndarray:
+    """(N * k, M) chunk losses -> (N,) mean loss of each window of the longest length, float32."""
+    return losses.reshape(windows, -1).mean(dim=1).numpy().astype(np.float32)  # (N*k, M) -> (N, k*M) -> (N,)
+
+
+def document_means(ctx: EvalContext, starts: np.ndarray, length: int, losses: Tensor) -> dict[str, float]:
+    """`loss_docmean/L` and `ppl_docmean/L`: the mean over documents of their mean token loss; empty when the
+    split does not record documents."""
+    documents = ctx.valid.target_documents(starts, length)  # (N * k, L) or None
+    if documents is None:
+        return {}
+    ids = torch.from_numpy(documents.reshape(-1).astype(np.int64))
+    _, index = torch.unique(ids, return_inverse=True)
+    sums = torch.zeros(int(index.max()) + 1, dtype=torch.float64).index_add_(
+        0, index, losses.reshape(-1).double()
+    )
+    counts = torch.bincount(index).double()
+    mean = float((sums / counts).mean())
+    return {f"loss_docmean/{length}": mean, f"ppl_docmean/{length}": math.exp(mean)}
+
+
+def length_rows(
+    ctx: EvalContext, cfg: PerplexityConfig, windows: np.ndarray, length: int
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Every result of one length (plain, tail, capped, per-document, sliding, per-variant rows), and the
+    per-window mean losses."""
     started = time.perf_counter()
-    count = window_count(cfg, length)
-    starts = ctx.valid.fixed_windows(length, count)
+    longest = max(ctx.cfg.lengths)
+    starts = chunk_starts(windows, longest, length)
     n_bytes = target_bytes(ctx, starts, length)
-    out = loss_rows(token_losses(ctx, starts, length), f"/{length}", cfg.position_bins, n_bytes)
+    losses = length_losses(ctx, cfg, starts, length)
+    out = loss_rows(losses.full, f"/{length}", cfg.position_bins, n_bytes)
     out[f"ppl_windows/{length}"] = len(starts)
+    out.update(document_means(ctx, starts, length, losses.full))
+    arrays = {f"loss/{length}": per_window(losses.full, len(windows))}
+    for name, part in (("tail", losses.tail), ("capped", losses.capped)):
+        if part is not None:
+            mean = float(part.mean())
+            out.update({f"loss_{name}/{length}": mean, f"ppl_{name}/{length}": math.exp(mean)})
+            arrays[f"loss_{name}/{length}"] = per_window(part, len(windows))
     if cfg.stride is not None:
-        out[f"ppl_sliding/{length}"] = math.exp(sliding_loss(ctx, length, cfg.stride, count * length))
+        out[f"ppl_sliding/{length}"] = math.exp(sliding_loss(ctx, length, cfg.stride, len(starts) * length))
     out[f"time/ppl@{length}_s"] = round(time.perf_counter() - started, 3)
-    for kind, losses in scaled_losses(ctx, starts, length).items():
-        out.update(loss_rows(losses, f"@{kind}/{length}", cfg.position_bins, n_bytes))
-    return out
+    for kind, scaled in scaled_losses(ctx, starts, length).items():
+        out.update(loss_rows(scaled, f"@{kind}/{length}", cfg.position_bins, n_bytes))
+    return out, arrays
 
 
 def perplexity_table(results: dict[str, Any], lengths: list[int], sliding: bool) -> Table:
@@ -173,15 +269,21 @@ class Perplexity(Evaluator[PerplexityConfig]):
 
     def evaluate(self, ctx: EvalContext) -> EvalOutput:
         lengths = list(ctx.cfg.lengths)
+        longest = max(lengths)
+        windows = ctx.valid.fixed_windows(longest, window_count(self.cfg, longest))  # (N,)
         results: dict[str, Any] = {}
+        arrays: dict[str, np.ndarray] = {"starts": windows.astype(np.int64)}
         for length in tqdm(lengths, desc="perplexity", disable=not ctx.cfg.progress):
-            results.update(length_rows(ctx, self.cfg, length))
+            rows, per_window_losses = length_rows(ctx, self.cfg, windows, length)
+            results.update(rows)
+            arrays.update(per_window_losses)
         data = {k: v for k, v in results.items() if isinstance(v, list)}
         return EvalOutput(
             scalars={k: v for k, v in results.items() if k not in data},
             data=data,
             tables={"perplexity": perplexity_table(results, lengths, self.cfg.stride is not None)},
             curves=perplexity_curves(results, lengths),
+            arrays={"perplexity_windows": arrays},
         )
 
     @staticmethod

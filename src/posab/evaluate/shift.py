@@ -1,18 +1,29 @@
 """Shift stability: shift the input and see whether the output stays stable.
 
-Protocol: the same `eval.shift.windows` fixed, non-overlapping windows of the training length for every
-run, evenly spread over the validation split less its last max(prefix_lengths) tokens (the prefix text,
-which no window reaches). Each window is scored alone at offset 0 (the reference), then shifted two ways:
+Protocol: the same `eval.shift.windows` fixed, non-overlapping windows of the training length T for every
+run, evenly spread over the evaluated split (`eval.split`, validation by default) less its last
+`prefixes` x max(prefix_lengths) tokens (the unrelated prefix texts, which no window reaches). Every input
+fed to the model is at most T tokens long, so that a shift never mixes in length extrapolation. Three
+kinds of shift, each compared with a reference:
 
-- offset k: every token position offset by k (`model(..., offset=k)`), same tokens. An encoding whose
-  `relative_only` is True must give the reference outputs (RoPE: up to float rounding of its angles).
-- prefix k: the last k tokens of the split prepended to every window, with their sentence and paragraph
-  indices counted from 0 and the window's continuing after them (+1); scored on the window's positions.
+- offset k (`shift/offset{k}/...`): the whole window with every token position offset by k
+  (`model(..., offset=k)`), same tokens, against the window at offset 0. An encoding whose `relative_only`
+  is True must give the reference outputs (RoPE: up to float rounding of its angles).
+- prefix k (`shift/prefix{k}/...`, 0 < k < T): the window's last T - k tokens scored alone (the reference,
+  positions 0..T-k-1) against the same tokens after k tokens of unrelated text (an input of exactly T
+  tokens), averaged over `eval.shift.prefixes` different texts: the j-th (j = 0, 1, ...) ends
+  j x max(prefix_lengths) tokens before the end of the split. Prefix sentence and paragraph indices count
+  from 0 and the window's continue after them (+1). Delta loss > 0: unrelated text distracts. (Before the
+  context kind existed, prefix k meant k tokens prepended to the whole window, an input of T + k tokens.)
+- context k (`shift/context{k}/...`): the same last T - k tokens after the k tokens that really precede
+  them in the split (the whole window, scored on its last T - k positions) against the same reference.
+  Delta loss < 0: the model uses the real context.
 
-Each shift is compared with the reference over all window positions: max |delta logit| (over positions,
-windows and vocabulary), mean KL(p_ref || p_shift) of the next-token distributions (from float32
-log_softmax; per-position values clamped at 0 against rounding), top-1 agreement (share of positions with
-the same argmax), and delta loss (mean cross-entropy on the window's targets, shifted minus reference).
+Each shift is compared with its reference over the scored positions: max |delta logit| (over positions,
+windows, vocabulary and prefix texts), mean KL(p_ref || p_shift) of the next-token distributions (from
+float32 log_softmax; per-position values clamped at 0 against rounding), top-1 agreement (share of
+positions with the same argmax), and delta loss (mean cross-entropy on the scored targets, shifted minus
+reference); the means run over every (prefix text, window, position).
 """
 
 from __future__ import annotations
@@ -33,23 +44,42 @@ from posab.evaluate.context import EvalContext, EvalSettings
 from posab.outputs import Column, EvalOutput, Table
 
 METRICS = ("max_abs_logit", "kl", "top1_agree", "dloss")
+KINDS = ("offset", "prefix", "context")
 
 
 @dataclass
 class ShiftConfig(SectionConfig):
     offsets: list[int] = field(default_factory=lambda: [1, 64, 512, 4096])
-    prefix_lengths: list[int] = field(default_factory=lambda: [64, 256, 1024])
+    prefix_lengths: list[int] = field(default_factory=lambda: [64, 128, 256])  # each below the train length
+    prefixes: int = 4  # unrelated prefix texts per prefix length, averaged over
     windows: int = 8  # validation windows of the training length
 
     def validate(self, settings: EvalSettings) -> None:
         require(self.windows > 0, f"eval.shift.windows={self.windows} must be positive")
-        bad = [k for k in self.offsets + self.prefix_lengths if k < 0]
-        require(not bad, f"eval.shift offsets/prefix_lengths must be >= 0 (bad: {bad})")
+        require(self.prefixes > 0, f"eval.shift.prefixes={self.prefixes} must be positive (texts per length)")
+        bad = [k for k in self.offsets if k < 0]
+        require(not bad, f"eval.shift.offsets={self.offsets}: every offset must be >= 0 (bad: {bad})")
+        bad = [k for k in self.prefix_lengths if k < 1]
+        require(
+            not bad,
+            f"eval.shift.prefix_lengths={self.prefix_lengths}: every prefix length must be >= 1 and below "
+            f"the training length (bad: {bad})",
+        )
+
+    def check_prefix_lengths(self, train_len: int) -> None:
+        """Every prefix length in 1..train_len - 1: prefix and scored tokens fill one training input."""
+        bad = [k for k in self.prefix_lengths if not 0 < k < train_len]
+        require(
+            not bad,
+            f"eval.shift.prefix_lengths={self.prefix_lengths}: every prefix length must be in "
+            f"1..{train_len - 1}, below the training length train.seq_len={train_len} (prefix + scored "
+            f"tokens = one input of that length); bad: {bad}",
+        )
 
 
 @dataclass
 class Prefix:
-    """Tokens prepended to every window, with sentence and paragraph indices counted from 0: 3 x (k,)."""
+    """Tokens before every row, with sentence and paragraph indices counted from 0: 3 x (k,)."""
 
     tokens: Tensor
     sentence: Tensor
@@ -98,33 +128,58 @@ def summed_loss(log_probs: Tensor, targets: Tensor) -> float:
     return -float(picked.double().sum())
 
 
+def reserved(cfg: ShiftConfig) -> int:
+    """Tokens at the end of the split kept for the prefix texts: `prefixes` blocks of the longest prefix."""
+    return cfg.prefixes * max(cfg.prefix_lengths, default=0)
+
+
 def check_split_size(valid: TokenStream, length: int, cfg: ShiftConfig) -> None:
-    reserved = max(cfg.prefix_lengths, default=0)
-    needed = cfg.windows * length + 1 + reserved
+    needed = cfg.windows * length + 1 + reserved(cfg)
     if len(valid) < needed:
         raise ConfigError(
             f"eval.shift needs {needed} tokens of the {valid.split} split: eval.shift.windows={cfg.windows} "
-            f"windows of {length} tokens (+1 target) and {reserved} tokens of prefix text (the longest of "
+            f"windows of {length} tokens (+1 target) and {reserved(cfg)} tokens of prefix text "
+            f"(eval.shift.prefixes={cfg.prefixes} texts of the longest of "
             f"eval.shift.prefix_lengths={cfg.prefix_lengths}), but the split has {len(valid)}; "
-            f"lower eval.shift.windows or the prefix lengths, or use more data"
+            f"lower eval.shift.windows, prefixes or the prefix lengths, or use more data"
         )
 
 
 def shift_windows(valid: TokenStream, length: int, cfg: ShiftConfig) -> Batch:
-    """The fixed windows, (W, T) each, spread over the split less its last max(prefix_lengths) tokens."""
+    """The fixed windows, (W, T) each, spread over the split less its reserved prefix text (`reserved`)."""
     check_split_size(valid, length, cfg)
-    end = len(valid) - max(cfg.prefix_lengths, default=0)
+    end = len(valid) - reserved(cfg)
     head = TokenStream(valid.tokens[:end], valid.sentence[:end], valid.paragraph[:end], valid.split)
     return head.batch(head.fixed_windows(length, cfg.windows), length)
 
 
-def prefix_text(valid: TokenStream, k: int) -> Prefix:
-    """The last k tokens of the split, with structure indices relative to their first token."""
-    rows = slice(len(valid) - k, len(valid))
+def prefix_text(valid: TokenStream, k: int, end: int | None = None) -> Prefix:
+    """The k tokens before `end` (default: the end of the split), structure indices from their first token."""
+    end = len(valid) if end is None else end
+    rows = slice(end - k, end)
     tokens, sentence, paragraph = (
         torch.from_numpy(a[rows].astype(np.int64)) for a in (valid.tokens, valid.sentence, valid.paragraph)
     )
     return Prefix(tokens, sentence - sentence[:1], paragraph - paragraph[:1])
+
+
+def prefix_texts(valid: TokenStream, k: int, cfg: ShiftConfig) -> list[Prefix]:
+    """`cfg.prefixes` disjoint texts of k tokens; the j-th ends j x max(prefix_lengths) before the end."""
+    block = max(cfg.prefix_lengths)
+    return [prefix_text(valid, k, len(valid) - j * block) for j in range(cfg.prefixes)]
+
+
+def no_prefix() -> Prefix:
+    empty = torch.zeros(0, dtype=torch.long)
+    return Prefix(empty, empty, empty)
+
+
+def tail(windows: Batch, k: int) -> Batch:
+    """The last T - k positions of every window, structure indices restarting at 0: 4 x (W, T - k)."""
+    inputs, targets, sentence, paragraph = (
+        t[:, k:] for t in (windows.inputs, windows.targets, windows.sentence, windows.paragraph)
+    )  # (W, T) -> (W, T - k)
+    return Batch(inputs, targets, sentence - sentence[:, :1], paragraph - paragraph[:, :1])
 
 
 def next_index(indices: Tensor) -> int:
@@ -132,13 +187,13 @@ def next_index(indices: Tensor) -> int:
     return int(indices[-1]) + 1 if len(indices) else 0
 
 
-def joined(head: Tensor, tail: Tensor, shift: int) -> Tensor:
-    """head: (k,) before every row of tail: (B, T) plus `shift` -> (B, k + T)."""
-    return torch.cat([head.expand(len(tail), -1), tail + shift], dim=1)  # (k,) -> (B, k); (B, k + T)
+def joined(head: Tensor, rows: Tensor, shift: int) -> Tensor:
+    """head: (k,) before every row of rows: (B, n) plus `shift` -> (B, k + n)."""
+    return torch.cat([head.expand(len(rows), -1), rows + shift], dim=1)  # (k,) -> (B, k); (B, k + n)
 
 
 def with_prefix(prefix: Prefix, windows: Batch) -> tuple[Tensor, Tensor, Tensor]:
-    """Inputs, sentence and paragraph indices of the prefix followed by each window: 3 x (B, k + T)."""
+    """Inputs, sentence and paragraph indices of the prefix followed by each window: 3 x (B, k + n)."""
     return (
         joined(prefix.tokens, windows.inputs, 0),
         joined(prefix.sentence, windows.sentence, next_index(prefix.sentence)),
@@ -150,48 +205,74 @@ def rows_of(batch: Batch, rows: slice) -> Batch:
     return Batch(batch.inputs[rows], batch.targets[rows], batch.sentence[rows], batch.paragraph[rows])
 
 
-def window_logits(
-    ctx: EvalContext, windows: Batch, prefix: Prefix, offset: int
+def forward_rows(
+    ctx: EvalContext, batch: Batch, prefix: Prefix, offset: int
 ) -> Iterator[tuple[slice, Tensor]]:
-    """Batches of windows after `prefix` at `offset`: (rows, logits (B, T, V) of the window's positions)."""
-    k = len(prefix)
-    size = ctx.batch_size(k + ctx.train_len)
-    for start in range(0, len(windows.inputs), size):
+    """`prefix` + rows of `batch` at `offset`, batched: (rows, logits (B, n, V) of the batch's positions)."""
+    k, n = len(prefix), batch.inputs.shape[1]
+    size = ctx.batch_size(k + n)
+    for start in range(0, len(batch.inputs), size):
         rows = slice(start, start + size)
-        logits = ctx.logits(*with_prefix(prefix, rows_of(windows, rows)), offset=offset)  # (B, k + T, V)
-        yield rows, logits[:, k:]  # (B, k + T, V) -> (B, T, V)
+        logits = ctx.logits(*with_prefix(prefix, rows_of(batch, rows)), offset=offset)  # (B, k + n, V)
+        yield rows, logits[:, k:]  # (B, k + n, V) -> (B, n, V)
 
 
-def agreement(ctx: EvalContext, windows: Batch, reference: Tensor, prefix: Prefix, offset: int) -> Agreement:
-    result = Agreement()
-    for rows, logits in window_logits(ctx, windows, prefix, offset):
-        result.add(reference[rows], logits, windows.targets[rows].to(logits.device))
+def alone(ctx: EvalContext, batch: Batch) -> Tensor:
+    """Every row of `batch` scored alone at offset 0: (W, n, V)."""
+    return torch.cat([logits for _, logits in forward_rows(ctx, batch, no_prefix(), 0)])  # (W, n, V)
+
+
+def compared(
+    result: Agreement, reference: Tensor, batch: Batch, shifted: Iterator[tuple[slice, Tensor]]
+) -> Agreement:
+    """Add each batch of `shifted` logits, compared with the same rows of `reference` (W, n, V)."""
+    for rows, logits in shifted:
+        result.add(reference[rows], logits, batch.targets[rows].to(logits.device))
     return result
+
+
+def prefix_metrics(
+    ctx: EvalContext, windows: Batch, full: Tensor, k: int, cfg: ShiftConfig
+) -> dict[str, Agreement]:
+    """The prefix and context kinds at prefix length k; `full`: (W, T, V) logits of the whole windows."""
+    scored = tail(windows, k)
+    reference = alone(ctx, scored)  # (W, T - k, V)
+    unrelated = Agreement()
+    for prefix in prefix_texts(ctx.valid, k, cfg):
+        compared(unrelated, reference, scored, forward_rows(ctx, scored, prefix, 0))
+    context = Agreement()
+    context.add(reference, full[:, k:], scored.targets.to(full.device))  # (W, T, V) -> (W, T - k, V)
+    return {"prefix": unrelated, "context": context}
 
 
 @torch.inference_mode()
 def shift_metrics(ctx: EvalContext, cfg: ShiftConfig) -> dict[tuple[str, int], dict[str, float]]:
-    """(kind, k) -> metrics, kind `offset` or `prefix`, for the validation windows (module docstring)."""
+    """(kind, k) -> metrics, kind `offset`, `prefix` or `context` (module docstring), in that order."""
+    cfg.check_prefix_lengths(ctx.train_len)
     windows = shift_windows(ctx.valid, ctx.train_len, cfg)
-    no_prefix = prefix_text(ctx.valid, 0)
-    reference = torch.cat([logits for _, logits in window_logits(ctx, windows, no_prefix, 0)])  # (W, T, V)
-    shifts = [("offset", k, no_prefix, k) for k in cfg.offsets]
-    shifts += [("prefix", k, prefix_text(ctx.valid, k), 0) for k in cfg.prefix_lengths]
-    out: dict[tuple[str, int], dict[str, float]] = {}
-    for kind, k, prefix, offset in tqdm(shifts, desc="shift", disable=not ctx.cfg.progress):
-        out[kind, k] = agreement(ctx, windows, reference, prefix, offset).values()
-    return out
+    full = alone(ctx, windows)  # (W, T, V)
+    out: dict[tuple[str, int], Agreement] = {}
+    shifts = [("offset", k) for k in cfg.offsets] + [("prefix", k) for k in cfg.prefix_lengths]
+    for kind, k in tqdm(shifts, desc="shift", disable=not ctx.cfg.progress):
+        if kind == "offset":
+            out[kind, k] = compared(Agreement(), full, windows, forward_rows(ctx, windows, no_prefix(), k))
+        else:
+            out.update({(name, k): a for name, a in prefix_metrics(ctx, windows, full, k, cfg).items()})
+    ordered = sorted(out, key=lambda key: KINDS.index(key[0]))  # offset, prefix, context rows
+    return {key: out[key].values() for key in ordered}
 
 
 class Shift(Evaluator[ShiftConfig]):
-    """Offset and prefix stability: `shift/{offset,prefix}{k}/{metric}` and the `shift` table."""
+    """Offset, unrelated-prefix and real-context stability: `shift/{offset,prefix,context}{k}/{metric}` and
+    the `shift` table."""
 
     name = "shift"
     config = ShiftConfig
     order = 30
 
     def positions(self, settings: EvalSettings, train_len: int) -> int:
-        return max([0, *self.cfg.offsets, *self.cfg.prefix_lengths]) + train_len + 1
+        self.cfg.check_prefix_lengths(train_len)  # before training: prefixes must fit in the training length
+        return max([0, *self.cfg.offsets]) + train_len + 1
 
     def evaluate(self, ctx: EvalContext) -> EvalOutput:
         metrics = shift_metrics(ctx, self.cfg)
@@ -200,7 +281,7 @@ class Shift(Evaluator[ShiftConfig]):
             for (kind, k), values in metrics.items()
             for name, value in values.items()
         }
-        rows = [[kind, k, *(values[m] for m in METRICS)] for (kind, k), values in sorted(metrics.items())]
+        rows = [[kind, k, *(values[m] for m in METRICS)] for (kind, k), values in metrics.items()]
         return EvalOutput(scalars=scalars, tables={"shift": Table(["kind", "k", *METRICS], rows)})
 
     @staticmethod
@@ -216,17 +297,53 @@ class Shift(Evaluator[ShiftConfig]):
                     f"by {k}, the largest offset evaluated (`shift/offset{k}/kl`; 0 = offset-invariant)",
                 )
             )
-        if (k := _largest(keys, r"shift/prefix(\d+)/dloss")) is not None:
-            columns.append(
-                Column(
-                    f"Δloss prefix {k}",
-                    f"shift/prefix{k}/dloss",
-                    ".3f",
-                    f"mean loss change on the same window when {k} tokens of context are prepended, the "
-                    f"largest prefix evaluated (`shift/prefix{k}/dloss`; < 0: the extra context helps)",
-                )
+        if _largest(keys, r"shift/context(\d+)/dloss") is None:
+            return columns + _legacy_prefix_column(keys)
+        return columns + _prefix_columns(keys)
+
+
+def _prefix_columns(keys: Collection[str]) -> list[Column]:
+    """Δloss of the largest unrelated prefix and of the largest real context, each where the runs have it."""
+    columns = []
+    if (k := _largest(keys, r"shift/prefix(\d+)/dloss")) is not None:
+        columns.append(
+            Column(
+                f"Δloss prefix {k}",
+                f"shift/prefix{k}/dloss",
+                ".3f",
+                f"mean loss change on the last (training length − {k}) tokens of each window when {k} tokens "
+                f"of unrelated text come before them, the input staying within the training length; mean "
+                f"over the prefix texts, the largest prefix evaluated (`shift/prefix{k}/dloss`; > 0: the "
+                f"unrelated text distracts)",
             )
-        return columns
+        )
+    if (k := _largest(keys, r"shift/context(\d+)/dloss")) is not None:
+        columns.append(
+            Column(
+                f"Δloss context {k}",
+                f"shift/context{k}/dloss",
+                ".3f",
+                f"mean loss change on the same tokens when the {k} tokens that really precede them in the "
+                f"text come before them (the whole window), the largest evaluated "
+                f"(`shift/context{k}/dloss`; < 0: the model uses the real context)",
+            )
+        )
+    return columns
+
+
+def _legacy_prefix_column(keys: Collection[str]) -> list[Column]:
+    """Runs from before the context kind: prefix k was prepended to the whole window (T + k tokens)."""
+    if (k := _largest(keys, r"shift/prefix(\d+)/dloss")) is None:
+        return []
+    return [
+        Column(
+            f"Δloss prefix {k}",
+            f"shift/prefix{k}/dloss",
+            ".3f",
+            f"mean loss change on the same window when {k} tokens of context are prepended, the "
+            f"largest prefix evaluated (`shift/prefix{k}/dloss`; < 0: the extra context helps)",
+        )
+    ]
 
 
 def _largest(keys: Collection[str], pattern: str) -> int | None:
