@@ -284,7 +284,8 @@ def test_teacher_forced_scoring_equals_greedy_decoding(corpus: Corpus) -> None:
             greedy[:2] + wrong[2:],
         ]
         batch = examples_batch([with_answer(ex, a) for a in answers])
-        correct, logprob = score_batch(ctx, batch, 3)
+        scores = score_batch(ctx, batch, 3)
+        correct, logprob = scores.correct, scores.logprob
         assert correct.tolist() == [a == greedy for a in answers]
         assert (logprob <= 0).all()
 
@@ -300,6 +301,10 @@ def test_results_table_and_heatmap(corpus: Corpus) -> None:
         expected |= {f"needle/{name}@{length}" for name in names}
         for label in ("depth0.0", "depth0.25", "depth1.0"):
             expected |= {f"needle/{name}@{length}/{label}" for name in names}
+    expected |= {f"needle/digit_acc/d{d}" for d in range(5)} | {"needle/attention"}
+    for length in (128, 192):
+        expected |= {f"needle/digit_acc@{length}/d{d}" for d in range(5)}
+        expected |= {f"needle/attn_{name}@{length}" for name in ("mass", "layer", "head")}
     assert set(results) == expected
     for key, value in results.items():
         if key.startswith("needle/acc"):
@@ -353,3 +358,38 @@ def test_passkey_rows_mark_their_key_targets(corpus: Corpus) -> None:
     plain = valid.batch([0, 200], 100)
     joined = plain.cat(batch)
     assert joined.key_mask is not None and not joined.key_mask[:2].any() and joined.key_mask[2:, -4:].all()
+
+
+def test_accuracy_per_key_digit(corpus: Corpus) -> None:
+    oracle = needle_eval(make_context(OracleModel(4), *corpus, depths=DEPTHS, trials=2, key_digits=4))
+    assert [oracle[f"needle/digit_acc/d{d}"] for d in range(4)] == [1.0] * 4
+    zeros = needle_eval(make_context(FixedDigitModel("0"), *corpus, depths=DEPTHS, trials=3))
+    assert zeros["needle/digit_acc/d0"] == 0.0  # keys never start with 0
+    assert zeros["needle/digit_acc@128/d0"] == 0.0 and 0.0 <= zeros["needle/digit_acc/d3"] <= 1.0
+    assert "needle/attn_mass@128" not in zeros  # a model without attention layers reports none
+
+
+def test_attention_mass_on_the_needle_of_a_near_uniform_model(corpus: Corpus) -> None:
+    """Untrained NoPE attends almost uniformly: from each key position (the last 5 queries of T) the mass on
+    the needle's 5 key tokens is about 5 / T; the best head's is reported with its layer and head."""
+    ctx = make_context(tiny_model("nope"), *corpus, depths=[0.0, 1.0], trials=2)
+    results = needle_eval(ctx)
+    for length in (128, 192):
+        mass = results[f"needle/attn_mass@{length}"]
+        assert 0.5 * 5 / length < mass < 2.0 * 5 / length
+        assert results[f"needle/attn_layer@{length}"] in (0, 1) and results[f"needle/attn_head@{length}"] in (
+            0,
+            1,
+        )
+    grid = results["needle/attention"]
+    assert grid["lengths"] == [128, 192] and np.shape(grid["mass"]) == (2, 2, 2)  # (lengths, layers, heads)
+    assert results["needle/attn_mass@128"] == pytest.approx(np.max(grid["mass"][0]))
+
+
+def test_needle_key_start_points_at_the_needles_digits(corpus: Corpus) -> None:
+    tokenizer, valid = corpus
+    for depth in DEPTHS:
+        ex = make_passkey_example(valid, tokenizer, 200, depth, np.random.default_rng(3))
+        at = ex.needle_key_start
+        assert tokenizer.decode(ex.tokens[at : at + 5]) == ex.key
+        assert as_bytes(ex.tokens[:at]).endswith(NEEDLE_PREFIX)

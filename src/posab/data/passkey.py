@@ -52,6 +52,7 @@ class PasskeyExample:
     filler_start: int = 0  # where the filler starts in the stream
     depth: float = 0.0
     needle_key: str = ""  # the key the needle holds ("" = `key`; another key for the retrieval control)
+    needle_key_start: int = 0  # where the needle's key digits start (one token per digit)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -198,6 +199,8 @@ def passkey_example(
     parts = [gap_after(p) for p in pieces if len(p)]
     joined = concatenate([*parts, encode_paragraph(tokenizer, QUERY, key)])
     assert len(joined) == length, (len(joined), length)
+    needle_at = len(parts[0]) if cut > 0 else 0  # the first filler piece and its blank line come first
+    digits_at = needle_at + token_at_byte(tokenizer, needle.tokens, len(NEEDLE.split("{key}")[0].encode()))
     return PasskeyExample(
         joined.tokens,
         joined.sentence,
@@ -207,7 +210,20 @@ def passkey_example(
         start,
         depth,
         needle_key or key,
+        digits_at,
     )
+
+
+def token_at_byte(tokenizer: Tokenizer, tokens: np.ndarray, offset: int) -> int:
+    """The index of the first text token whose bytes start at byte `offset` of the tokens' text (anchors
+    stand for no bytes)."""
+    table, position = tokenizer.pieces, 0
+    for index, token in enumerate(int(t) for t in tokens):
+        piece = table[token] if token < len(table) else None
+        if piece and position == offset:
+            return index
+        position += len(piece or b"")
+    raise ValueError(f"no token starts at byte {offset}")
 
 
 def with_needle_key(

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from posab.attention import AttentionInputs
 from posab.data.passkey import (
     PasskeyExample,
     check_stream,
@@ -115,42 +117,120 @@ def control_examples(
     return controls
 
 
-def score_batch(ctx: EvalContext, batch: Batch, key_digits: int) -> tuple[Tensor, Tensor]:
-    """Teacher-forced scores of examples whose last `key_digits` targets are the key.
+@dataclass
+class Scores:
+    """Teacher-forced scores of B examples (on the CPU)."""
 
-    Returns (B,) bool, whether greedy decoding returns the key (every key position's argmax is right), and
-    (B,) float32, the key's log-probability (natural log, summed over its digits); both on the CPU.
-    """
-    logits = ctx.logits(batch.inputs, batch.sentence, batch.paragraph)[:, -key_digits:]  # (B, K, V)
+    correct: Tensor  # (B,) bool: greedy decoding returns the key (every key position's argmax is right)
+    logprob: Tensor  # (B,) float32: the key's log-probability (natural log, summed over its digits)
+    digits: Tensor  # (B, K) bool: the argmax at key position i is digit i
+    attention: Tensor | None  # (B, layers, H): attention mass of the key positions on the needle's key
+
+    @staticmethod
+    def cat(parts: list[Scores]) -> Scores:
+        attention = [p.attention for p in parts]
+        return Scores(
+            torch.cat([p.correct for p in parts]),
+            torch.cat([p.logprob for p in parts]),
+            torch.cat([p.digits for p in parts]),
+            None if any(a is None for a in attention) else torch.cat(attention),  # type: ignore[arg-type]
+        )
+
+
+def needle_mask(examples: list[PasskeyExample], length: int) -> Tensor:
+    """(B, T) bool: the input positions of each example's needle key digits."""
+    mask = torch.zeros(len(examples), length, dtype=torch.bool)
+    for row, example in enumerate(examples):
+        mask[row, example.needle_key_start : example.needle_key_start + len(example.needle_key)] = True
+    return mask
+
+
+def score_batch(ctx: EvalContext, batch: Batch, key_digits: int, needle: Tensor | None = None) -> Scores:
+    """Teacher-forced scores of examples whose last `key_digits` targets are the key. With `needle` (B, T),
+    the needle key's input positions, also the attention mass every layer and head puts there from the key
+    positions (the last `key_digits` queries), mean over those queries, from the model's own attention
+    probabilities (`DecoderLM.forward(observe=...)`)."""
+    length = batch.inputs.shape[1]
+    masses: list[Tensor] = []
+
+    def observe(inputs: AttentionInputs) -> None:
+        p = inputs.probabilities(length - key_digits, length)  # (B, H, K, T)
+        on_needle = needle.to(p.device)[:, None, None, :]  # type: ignore[union-attr]  # (B, T) -> (B, 1, 1, T)
+        masses.append((p * on_needle).sum(-1).mean(-1).cpu())  # (B, H, K, T) -> (B, H)
+
+    logits = ctx.logits(
+        batch.inputs, batch.sentence, batch.paragraph, observe=observe if needle is not None else None
+    )
+    logits = logits[:, -key_digits:]  # (B, T, V) -> (B, K, V)
     key = batch.targets[:, -key_digits:].to(logits.device)  # (B, K)
-    correct = (logits.argmax(dim=-1) == key).all(dim=-1)  # (B,)
+    digits = logits.argmax(dim=-1) == key  # (B, K)
     key_logprobs = logits.log_softmax(dim=-1).gather(-1, key[..., None])  # (B, K, 1)
     logprob = key_logprobs.squeeze(-1).sum(dim=-1)  # (B, K, 1) -> (B,)
-    return correct.cpu(), logprob.cpu()
+    attention = torch.stack(masses, dim=1) if masses else None  # layers x (B, H) -> (B, layers, H)
+    return Scores(digits.all(dim=-1).cpu(), logprob.cpu(), digits.cpu(), attention)
 
 
 def score_examples(
-    ctx: EvalContext, examples: list[PasskeyExample], key_digits: int
-) -> tuple[Tensor, Tensor]:
-    """`score_batch` over examples of one length, `ctx.batch_size` of them per forward pass."""
-    size = ctx.batch_size(len(examples[0]) - 1)
-    scores = [
-        score_batch(ctx, examples_batch(examples[i : i + size]), key_digits)
-        for i in range(0, len(examples), size)
-    ]
-    return torch.cat([c for c, _ in scores]), torch.cat([lp for _, lp in scores])
+    ctx: EvalContext, examples: list[PasskeyExample], key_digits: int, attention: bool = False
+) -> Scores:
+    """`score_batch` over examples of one length, `ctx.batch_size` of them per forward pass (with the
+    attention mass on the needle when `attention`)."""
+    length = len(examples[0]) - 1
+    size = ctx.batch_size(length)
+    parts = []
+    for i in range(0, len(examples), size):
+        chunk = examples[i : i + size]
+        needle = needle_mask(chunk, length) if attention else None
+        parts.append(score_batch(ctx, examples_batch(chunk), key_digits, needle))
+    return Scores.cat(parts)
 
 
 @dataclass
 class Cells:
-    """Cell means over the trials, each (lengths, depths)."""
+    """Cell means over the trials: acc, logprob, gain (lengths, depths); digits (lengths, depths, K);
+    attention (lengths, depths, layers, H), or None when the model reports no attention."""
 
     acc: np.ndarray
     logprob: np.ndarray
     gain: np.ndarray
+    digits: np.ndarray
+    attention: np.ndarray | None = None
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return {"acc": self.acc, "logprob": self.logprob, "gain": self.gain}
+
+    def add(self, i: int, j: int, scores: Scores, control: Scores) -> None:
+        """Cell (length i, depth j) from the scores of its trials and of their controls."""
+        self.acc[i, j] = float(scores.correct.float().mean())
+        self.logprob[i, j] = float(scores.logprob.mean())
+        self.gain[i, j] = float((scores.logprob - control.logprob).mean())
+        self.digits[i, j] = scores.digits.float().mean(0).numpy()  # (K,)
+        if scores.attention is not None:
+            if self.attention is None:
+                self.attention = np.zeros((*self.acc.shape, *scores.attention.shape[1:]))
+            self.attention[i, j] = scores.attention.mean(0).numpy()  # (layers, H)
+
+
+def diagnostics(lengths: list[int], cells: Cells) -> tuple[dict[str, float], dict[str, Any]]:
+    """Per-digit accuracy (`needle/digit_acc[@L]/d{i}`: which digit fails first) and, per length, the
+    attention mass on the needle's key of the head that puts the most there (`needle/attn_mass@L`, its
+    `needle/attn_layer@L` and `needle/attn_head@L`), mean over depths and trials; the per-head grid as
+    data."""
+    out: dict[str, float] = {}
+    for d, value in enumerate(cells.digits.mean((0, 1))):  # (K,)
+        out[f"needle/digit_acc/d{d}"] = float(value)
+    for i, length in enumerate(lengths):
+        for d, value in enumerate(cells.digits[i].mean(0)):  # (K,)
+            out[f"needle/digit_acc@{length}/d{d}"] = float(value)
+    data: dict[str, Any] = {}
+    if cells.attention is not None:
+        per_head = cells.attention.mean(1)  # (lengths, depths, layers, H) -> (lengths, layers, H)
+        for i, length in enumerate(lengths):
+            layer, head = np.unravel_index(int(per_head[i].argmax()), per_head[i].shape)
+            out[f"needle/attn_mass@{length}"] = float(per_head[i, layer, head])
+            out[f"needle/attn_layer@{length}"], out[f"needle/attn_head@{length}"] = int(layer), int(head)
+        data["needle/attention"] = {"lengths": [int(n) for n in lengths], "mass": per_head.tolist()}
+    return out, data
 
 
 def needle_metrics(lengths: list[int], depths: list[float], cells: Cells) -> EvalOutput:
@@ -191,17 +271,17 @@ class Needle(Evaluator[NeedleConfig]):
         lengths = needle_lengths(n, ctx.cfg)
         check_lengths(ctx, lengths, n.key_digits)
         shape = (len(lengths), len(n.depths))
-        cells = Cells(np.zeros(shape), np.zeros(shape), np.zeros(shape))  # (lengths, depths) each
+        cells = Cells(np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros((*shape, n.key_digits)))
         grid = [(i, j) for i in range(len(lengths)) for j in range(len(n.depths))]
         for i, j in tqdm(grid, desc="needle", disable=not ctx.cfg.progress):
             examples = cell_examples(ctx, n, lengths[i], j)
-            correct, key_logprob = score_examples(ctx, examples, n.key_digits)
+            scores = score_examples(ctx, examples, n.key_digits, attention=True)
             controls = control_examples(ctx, n, lengths[i], j, examples)
-            _, control_logprob = score_examples(ctx, controls, n.key_digits)
-            cells.acc[i, j] = float(correct.float().mean())
-            cells.logprob[i, j] = float(key_logprob.mean())
-            cells.gain[i, j] = float((key_logprob - control_logprob).mean())
+            cells.add(i, j, scores, score_examples(ctx, controls, n.key_digits))
         output = needle_metrics(lengths, list(n.depths), cells)
+        scalars, data = diagnostics(lengths, cells)
+        output.scalars.update(scalars)
+        output.data.update(data)
         output.figures["needle_heatmap"] = needle_heatmap(output.data["needle/grid"], ctx.title)
         return output
 
