@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"errors", "io", "results", "paths", "outputs", "plots"},  # no torch
     {"device", "distributed", "encodings", "attention", "data"},  # components
     {"model"},
-    {"train", "logging", "wandb_logger"},
+    {"train", "logging", "wandb_logger", "passkey_stage"},
     {"evaluate"},
     {"config", "checkpoint"},  # assembles the sections
     {"build"},

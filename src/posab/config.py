@@ -23,6 +23,7 @@ from posab.errors import ConfigError
 from posab.evaluate import EvalConfig
 from posab.logging import LoggerConfig
 from posab.model import ModelConfig
+from posab.passkey_stage import PasskeyStageConfig
 from posab.train import TrainConfig
 
 
@@ -35,6 +36,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)  # type: ignore[valid-type]
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    passkey: PasskeyStageConfig = field(default_factory=PasskeyStageConfig)  # the passkey stage
     seed: int = 0
     experiment: str = "default"
     threads: int | None = None  # torch threads; None: all cores, shared out among parallel local jobs
@@ -49,6 +51,8 @@ def load_config(cfg: DictConfig) -> Config:
         raise ConfigError(_one_line(err)) from None
     for section in (typed.model, typed.data, typed.train, typed.eval, typed.logger):
         section.validate()
+    if typed.passkey.enabled:
+        typed.passkey.validate(typed.train.seq_len)
     encoding_class(typed.encoding)
     return typed
 

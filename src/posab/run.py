@@ -23,6 +23,7 @@ from posab.build import build_model, encoding_name
 from posab.checkpoint import load_checkpoint, save_checkpoint
 from posab.config import Config, config_container, load_config
 from posab.data import CorpusData, TokenStream, TrainSampler, prepare_data
+from posab.data.passkey import filler_length
 from posab.device import autocast_dtype, resolve_device
 from posab.distributed import World, barrier, world
 from posab.encodings import encoding_optimizer
@@ -32,6 +33,7 @@ from posab.io import atomic_write, write_json, write_text
 from posab.logging import JsonlLogger, Logger, MultiLogger, NullLogger
 from posab.model import DecoderLM
 from posab.outputs import EvalOutput, Table
+from posab.passkey_stage import PasskeyStage
 from posab.paths import source_root
 from posab.plots import save_figure
 from posab.results import flatten
@@ -116,7 +118,7 @@ def corpus_name(cfg: Config) -> str:
     return "synthetic"
 
 
-CHECKPOINTS = {"latest": "checkpoint.pt", "best": "checkpoint_best.pt"}
+CHECKPOINTS = {"latest": "checkpoint.pt", "best": "checkpoint_best.pt", "passkey": "checkpoint_passkey.pt"}
 RESUME_KEYS = (
     "model",
     "encoding",
@@ -234,8 +236,10 @@ def resume_state(cfg: Config, run_dir: Path, truncate: bool = True) -> dict[str,
         return None
     state = load_checkpoint(path)
     check_compatible(state.get("config", {}), config_container(cfg), path, RESUME_KEYS)
-    if truncate:
-        truncate_metrics(run_dir / "metrics.jsonl", state["step"])
+    if truncate:  # a passkey stage logs past the language model's steps: keep what its checkpoint holds
+        stage = run_dir / CHECKPOINTS["passkey"]
+        stage_steps = load_checkpoint(stage)["step"] if stage.is_file() else 0
+        truncate_metrics(run_dir / "metrics.jsonl", state["step"] + stage_steps)
     log.info("resuming from %s at step %d", path, state["step"])
     return state
 
@@ -305,6 +309,8 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
     device = resolve_device(cfg.train.device)
     data = prepare_data(cfg.data)
     check_eval_lengths(cfg, eval_split(cfg, data))
+    if cfg.passkey.enabled:
+        check_stage_lengths(cfg, data)
     model = build_model(cfg, data.vocab_size).to(device)
     config = config_container(cfg)
 
@@ -317,6 +323,8 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
     trainer = Trainer(model, sampler, valid, cfg.train, logger, device, checkpoint, optim)
     if resume is not None:
         trainer.load_state_dict(resume)
+    elif cfg.train.init_from is not None:
+        load_initial_model(cfg, model)
     result = trainer.fit()
     summary = {
         "train": asdict(result),
@@ -328,11 +336,76 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
         "precision": "bf16" if trainer.dtype == torch.bfloat16 else "fp32",
         "data": {"cache": str(data.cache_dir.name), "tokens": {s: len(st) for s, st in data.streams.items()}},
     }
-    if world().is_main:  # the final evaluations run on rank 0; the other ranks wait
+    if world().is_main:  # the final evaluations (and the passkey stage) run on rank 0; the other ranks wait
         ctx = eval_context(cfg, model, data, device, trainer.dtype)
-        summary["eval"] = evaluate(ctx, run_dir, logger, step=result.steps)
+        if cfg.passkey.enabled:
+            summary.update(evaluate_around_stage(cfg, ctx, data, run_dir, logger, result.steps))
+        else:
+            summary["eval"] = evaluate(ctx, run_dir, logger, step=result.steps)
     barrier()
     return summary
+
+
+def check_stage_lengths(cfg: Config, data: CorpusData) -> None:
+    """Fail before training when the passkey stage's shortest length cannot hold an example."""
+    shortest = min(cfg.passkey.lengths)
+    try:
+        filler_length(data.tokenizer, shortest + 1, cfg.eval.needle.key_digits)
+    except ConfigError as err:
+        raise ConfigError(f"passkey.lengths={cfg.passkey.lengths}: {err}") from None
+
+
+def load_model_state(cfg: Config, model: DecoderLM, path: Path) -> int:
+    """Load the model of checkpoint `path` after a compatibility check of the model and encoding; returns
+    its step."""
+    state = load_checkpoint(path)
+    check_compatible(state.get("config", {}), config_container(cfg), path, ("model", "encoding"))
+    model.load_state_dict(state["model"])
+    return int(state["step"])
+
+
+def load_initial_model(cfg: Config, model: DecoderLM) -> None:
+    """The model of the run in `train.init_from` (its latest checkpoint)."""
+    path = Path(cfg.train.init_from or "") / CHECKPOINTS["latest"]
+    step = load_model_state(cfg, model, path)
+    log.info("initialised from %s (step %d)", path, step)
+
+
+def evaluate_around_stage(
+    cfg: Config, ctx: EvalContext, data: CorpusData, run_dir: Path, logger: Logger, lm_steps: int
+) -> dict[str, Any]:
+    """Evaluate the language model, run the passkey stage, then evaluate retrieval on the stage's model;
+    `eval_source` says which model each evaluator measured."""
+    before = evaluate(ctx, run_dir, logger, step=lm_steps, after_stage=False)
+    stage = PasskeyStage(
+        ctx.model,
+        data.streams["train"],
+        data.tokenizer,
+        cfg.passkey,
+        cfg.eval.needle.key_digits,
+        cfg.seed,
+        logger,
+        ctx.dtype,
+        lambda state: save_checkpoint(
+            run_dir / CHECKPOINTS["passkey"], {**state, "config": config_container(cfg)}
+        ),
+        first_step=lm_steps,
+    )
+    path = run_dir / CHECKPOINTS["passkey"]
+    if cfg.train.resume == "auto" and path.is_file():
+        stage.load_state_dict(load_checkpoint(path))
+    stage_summary = stage.fit()
+    total = lm_steps + cfg.passkey.total_steps
+    after = evaluate(ctx, run_dir, logger, step=total, after_stage=True)
+    sources = {e.name: e.after_stage for e in enabled_evaluators(cfg.eval)}
+    return {
+        "eval": {**before, **after},
+        "passkey_stage": stage_summary,
+        "eval_source": {
+            name: f"passkey stage, step {total}" if late else f"language model, step {lm_steps}"
+            for name, late in sources.items()
+        },
+    }
 
 
 def train_sampler(cfg: Config, data: CorpusData) -> TrainSampler:
@@ -360,10 +433,12 @@ def eval_context(
     )
 
 
-def evaluate(ctx: EvalContext, run_dir: Path, logger: Logger, step: int) -> dict[str, Any]:
-    """Run the evaluators, write their tables and figures into `run_dir` and log their output; returns the
-    scalars and data (results.json's `eval`)."""
-    output = run_evaluations(ctx)
+def evaluate(
+    ctx: EvalContext, run_dir: Path, logger: Logger, step: int, after_stage: bool | None = None
+) -> dict[str, Any]:
+    """Run the evaluators (those with the given `after_stage`, or all), write their tables and figures into
+    `run_dir` and log their output; returns the scalars and data (results.json's `eval`)."""
+    output = run_evaluations(ctx, after_stage)
     write_output_files(output, run_dir)
     logger.log_evaluation(output, step)
     return output.results
@@ -411,17 +486,16 @@ def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path | None = None)
     device = resolve_device(cfg.train.device)
     data = prepare_data(cfg.data)
     check_eval_lengths(cfg, eval_split(cfg, data))
-    model = build_model(cfg, data.vocab_size)
-    path = run_dir / CHECKPOINTS["latest"]
-    state = load_checkpoint(path)
-    check_compatible(state.get("config", {}), config_container(cfg), path, ("model", "encoding"))
-    model.load_state_dict(state["model"])
-    model.to(device)
+    model = build_model(cfg, data.vocab_size).to(device)
     ctx = eval_context(cfg, model, data, device, autocast_dtype(cfg.train.precision, device))
     out_dir = out_dir or run_dir / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     logger = JsonlLogger(out_dir / "metrics.jsonl")
-    results = evaluate(ctx, out_dir, logger, step=0)
+    staged = (run_dir / CHECKPOINTS["passkey"]).is_file()  # the needle measured the stage's model
+    results: dict[str, Any] = {}
+    for after_stage, kind in ((False, "latest"), (True, "passkey")) if staged else ((None, "latest"),):
+        load_model_state(cfg, model, run_dir / CHECKPOINTS[kind])
+        results.update(evaluate(ctx, out_dir, logger, step=0, after_stage=after_stage))
     logger.finish("finished")
     write_json(out_dir / "results.json", {"overrides": overrides, "eval": results})
     return results

@@ -53,11 +53,16 @@ class TrainConfig:
     keep_best: bool = False  # also keep checkpoint_best.pt (lowest validation loss)
     resume: str = "auto"  # auto: continue from the run directory's checkpoint if it has one | never
     overwrite: bool = False  # allow reusing the directory of a finished run
+    init_from: str | None = None  # a run directory: start from its final model (then steps may be 0)
 
     def validate(self) -> None:
         """Check values that types alone cannot, before any work is done."""
-        counts = ("seq_len", "batch_size", "grad_accum", "steps", "val_every", "val_windows", "log_every")
+        counts = ("seq_len", "batch_size", "grad_accum", "val_every", "val_windows", "log_every")
         require_positive("train", self, (*counts, "checkpoint_every"))
+        require(
+            self.steps > 0 or (self.steps == 0 and self.init_from is not None),
+            f"train.steps={self.steps} must be a positive integer (0 only with train.init_from=RUN_DIR)",
+        )
         require(self.lr > 0, f"train.lr={self.lr} must be positive")
         require(self.resume in ("auto", "never"), f"train.resume={self.resume!r}: use auto or never")
         require(self.warmup_steps >= 0, f"train.warmup_steps={self.warmup_steps} must be >= 0")
@@ -309,6 +314,9 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         cfg, progress = self.cfg, self.progress
+        if cfg.steps == 0:  # a model taken as it is (train.init_from): validated, not trained
+            progress.val_loss = self.validate()
+            return TrainResult(math.nan, progress.val_loss, 0.0, 0, 0, 0.0)
         self.model.train()
         tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len
         bar = tqdm(

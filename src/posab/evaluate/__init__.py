@@ -77,10 +77,12 @@ def run_evaluator(ctx: EvalContext, name: str) -> EvalOutput:
     return classes[name](getattr(ctx.cfg, name)).evaluate(ctx)
 
 
-def run_evaluations(ctx: EvalContext) -> EvalOutput:
-    """Run every enabled evaluator; the wall time of each under `time/<name>_s`."""
+def run_evaluations(ctx: EvalContext, after_stage: bool | None = None) -> EvalOutput:
+    """Run every enabled evaluator (or those whose `after_stage` is the given value); the wall time of each
+    under `time/<name>_s`."""
     output = EvalOutput()
-    for evaluator in enabled_evaluators(ctx.cfg):
+    chosen = [e for e in enabled_evaluators(ctx.cfg) if after_stage is None or e.after_stage == after_stage]
+    for evaluator in chosen:
         started = time.perf_counter()
         output.update(evaluator.evaluate(ctx))
         output.scalars[f"time/{evaluator.name}_s"] = round(time.perf_counter() - started, 3)

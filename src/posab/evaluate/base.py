@@ -37,6 +37,7 @@ class Evaluator(ABC, Generic[SectionT]):
     name: ClassVar[str]  # its config section `eval.<name>` and its wall time `time/<name>_s`
     config: ClassVar[type[SectionConfig]]  # the section's dataclass
     order: ClassVar[int]  # evaluators run in increasing order
+    after_stage: ClassVar[bool] = False  # with a passkey stage, runs on the model after it (else before)
 
     def __init__(self, cfg: SectionT) -> None:
         self.cfg = cfg

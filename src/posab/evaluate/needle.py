@@ -262,6 +262,7 @@ class Needle(Evaluator[NeedleConfig]):
     name = "needle"
     config = NeedleConfig
     order = 20
+    after_stage = True  # retrieval is measured after the passkey stage, when a run has one
 
     def window_lengths(self, settings: EvalSettings) -> list[int]:
         return needle_lengths(self.cfg, settings)

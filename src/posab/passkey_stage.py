@@ -1,0 +1,200 @@
+"""The passkey stage: after language-model training, steps on passkey examples with the loss on the key only.
+
+Why (README, "Needle in a haystack"): mixing passkey examples into pre-training does not teach retrieval at
+posab's scale, and fine-tuning only at the training length stays on the ln 10 plateau; a curriculum of
+short examples first, up to the training length, does (measured on pg-books, issue 14). The stage never
+goes past the training length (`validate`), so every evaluation length above it stays unseen.
+
+Protocol: `passkey.lengths` (input lengths, increasing, each at most `train.seq_len`) with
+`passkey.steps[i]` steps at `lengths[i]`; each step draws max(1, batch_tokens // L) examples of L inputs
+from the training split at uniformly random depths, with fresh keys (`posab.data.passkey`, the needle
+evaluation's format and key length), from a generator seeded by the run's seed. The loss is the mean
+cross-entropy over the key digits only (every other position carries no gradient). AdamW on every
+parameter at `lr` after `warmup_steps` of linear warmup, clipping at `grad_clip`. `train/needle_loss` is
+logged every `log_every` steps against the global step (language-model steps + stage steps); the stage
+checkpoints into `checkpoint_passkey.pt` every `checkpoint_every` steps and at its end, and a rerun of
+the command resumes it there (SIGTERM stops it cleanly, as in training).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from posab.data import Batch, TokenStream
+from posab.data.passkey import passkey_batch
+from posab.data.tokenizer import Tokenizer
+from posab.device import autocast
+from posab.errors import Preempted, require
+from posab.logging import Logger
+from posab.model import DecoderLM
+from posab.train import StopSignal, token_losses
+
+
+@dataclass
+class PasskeyStageConfig:
+    enabled: bool = False
+    lengths: list[int] = field(default_factory=lambda: [96, 192, 384, 512])  # the curriculum, inputs
+    steps: list[int] = field(default_factory=lambda: [400, 200, 150, 150])  # steps at each length
+    batch_tokens: int = 3072  # examples per step at length L: max(1, batch_tokens // L)
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    log_every: int = 10
+    checkpoint_every: int = 100
+
+    def validate(self, train_len: int) -> None:
+        """Check the curriculum against the training length: the stage never goes past it."""
+        p = "passkey"
+        require(
+            len(self.lengths) == len(self.steps) > 0,
+            f"{p}.lengths={self.lengths} and {p}.steps={self.steps} must be non-empty lists of one length",
+        )
+        too_long = [n for n in self.lengths if not 0 < n <= train_len]
+        require(
+            not too_long,
+            f"{p}.lengths={self.lengths}: every length must be in 1..train.seq_len={train_len}, so that "
+            f"every evaluation length above the training length stays unseen (bad: {too_long})",
+        )
+        require(all(s > 0 for s in self.steps), f"{p}.steps={self.steps}: every count must be positive")
+        for name in ("batch_tokens", "log_every", "checkpoint_every"):
+            require(getattr(self, name) > 0, f"{p}.{name}={getattr(self, name)} must be a positive integer")
+        require(self.lr > 0, f"{p}.lr={self.lr} must be positive")
+        require(self.warmup_steps >= 0, f"{p}.warmup_steps={self.warmup_steps} must be >= 0")
+        require(self.weight_decay >= 0, f"{p}.weight_decay={self.weight_decay} must be >= 0")
+
+    @property
+    def total_steps(self) -> int:
+        return sum(self.steps)
+
+    def length_at(self, step: int) -> int:
+        """The example length of stage step `step` (0-based) in the curriculum."""
+        for length, end in zip(self.lengths, np.cumsum(self.steps), strict=True):
+            if step < end:
+                return length
+        raise ValueError(f"stage step {step} is past the curriculum's {self.total_steps} steps")
+
+    def batch_size(self, length: int) -> int:
+        return max(1, self.batch_tokens // length)
+
+
+def key_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Mean cross-entropy over the key digits (`batch.key_mask`) only; no other position carries gradient."""
+    if batch.key_mask is None:
+        raise ValueError("key_loss needs a batch of passkey examples (a key mask)")
+    return token_losses(model, batch)[batch.key_mask].mean()  # (B, T) -> (keys,) -> ()
+
+
+@dataclass
+class StageProgress:
+    """Where the stage stands; saved in its checkpoint."""
+
+    step: int = 0
+    time_s: float = 0.0
+    recent_losses: list[float] = field(default_factory=list)
+
+
+class PasskeyStage:
+    def __init__(
+        self,
+        model: DecoderLM,
+        stream: TokenStream,
+        tokenizer: Tokenizer,
+        cfg: PasskeyStageConfig,
+        key_digits: int,
+        seed: int,
+        logger: Logger,
+        dtype: torch.dtype | None,
+        checkpoint: Callable[[dict[str, Any]], None],
+        first_step: int = 0,
+    ) -> None:
+        """`checkpoint(state)` stores the stage's state; `first_step`: the global step the stage starts
+        after (the language-model steps), for logging."""
+        self.model, self.stream, self.tokenizer, self.cfg = model, stream, tokenizer, cfg
+        self.key_digits, self.logger, self.dtype, self.checkpoint = key_digits, logger, dtype, checkpoint
+        self.first_step = first_step
+        self.device = next(model.parameters()).device
+        self.rng = np.random.default_rng([seed, 14])  # its own stream: not the training sampler's
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        warmup = cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
+        self.progress = StageProgress()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "progress": asdict(self.progress),
+            "step": self.progress.step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.rng.bit_generator.state = state["rng"]
+        self.progress = StageProgress(**state["progress"])
+
+    def step(self) -> float:
+        """One optimizer step on passkey examples of the curriculum's current length; returns the key loss."""
+        length = self.cfg.length_at(self.progress.step)
+        batch = passkey_batch(
+            self.stream, self.tokenizer, self.cfg.batch_size(length), length, self.rng, self.key_digits
+        ).to(self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(self.device, self.dtype):
+            loss = key_loss(self.model, batch)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(loss.detach())
+
+    def fit(self) -> dict[str, Any]:
+        """Run the remaining steps; returns the stage's summary for results.json."""
+        cfg, progress = self.cfg, self.progress
+        self.model.train()
+        with StopSignal() as stop:
+            while progress.step < cfg.total_steps:
+                started = time.perf_counter()
+                loss = self.step()
+                progress.time_s += time.perf_counter() - started
+                progress.step += 1
+                progress.recent_losses = (progress.recent_losses + [loss])[-cfg.log_every :]
+                self._after_step(stop)
+        self.model.eval()
+        return {
+            "steps": cfg.total_steps,
+            "time_s": round(progress.time_s, 2),
+            "needle_loss": float(np.mean(progress.recent_losses)) if progress.recent_losses else math.nan,
+            "curriculum": {"lengths": list(cfg.lengths), "steps": list(cfg.steps)},
+        }
+
+    def _after_step(self, stop: StopSignal) -> None:
+        progress, cfg = self.progress, self.cfg
+        done, last = progress.step, progress.step == cfg.total_steps
+        if done % cfg.log_every == 0 or last:
+            metrics = {"train/needle_loss": float(np.mean(progress.recent_losses))}
+            metrics["passkey/length"] = cfg.length_at(done - 1)
+            self.logger.log(metrics, self.first_step + done)
+        stopping = stop.received is not None
+        if done % cfg.checkpoint_every == 0 or last or stopping:
+            self.checkpoint(self.state_dict())
+        if stopping and not last:
+            raise Preempted(
+                f"signal {stop.received} at passkey stage step {done}: checkpoint saved; rerun the same "
+                "command to resume"
+            )

@@ -1,0 +1,141 @@
+"""The passkey stage: curriculum, key-only loss, `train.init_from`, evaluation order, a run end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, run_train, tiny_model, typed_config
+from posab.data import CorpusData
+from posab.data.passkey import passkey_batch
+from posab.errors import ConfigError
+from posab.passkey_stage import PasskeyStageConfig, key_loss
+from posab.train import token_losses
+
+STAGE = ["passkey.enabled=true", "passkey.lengths=[96,128]", "passkey.steps=[3,2]", "passkey.log_every=1"]
+
+
+def tiny_args(tmp_path: Path, name: str, *more: str) -> list[str]:
+    run = tmp_path / name
+    return ["+experiment=tiny", "encoding=alibi", "logger=jsonl", f"hydra.run.dir={run}",
+            f"data.cache_dir={tmp_path / 'cache'}", *more]  # fmt: skip
+
+
+def test_the_curriculum_schedule() -> None:
+    cfg = PasskeyStageConfig(lengths=[96, 192, 384, 512], steps=[400, 200, 150, 150], batch_tokens=3072)
+    assert cfg.total_steps == 900
+    assert [cfg.length_at(s) for s in (0, 399, 400, 599, 600, 749, 750, 899)] == [
+        96,
+        96,
+        192,
+        192,
+        384,
+        384,
+        512,
+        512,
+    ]
+    assert [cfg.batch_size(n) for n in cfg.lengths] == [32, 16, 8, 6]
+    with pytest.raises(ValueError, match="past the curriculum"):
+        cfg.length_at(900)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["passkey.lengths=[64,256]", "passkey.steps=[1,1]"],
+            r"passkey.lengths=\[64, 256\]: every length must be in 1..train.seq_len=128",
+        ),
+        (["passkey.lengths=[64]", "passkey.steps=[1,1]"], "must be non-empty lists of one length"),
+        (["passkey.steps=[0,1]", "passkey.lengths=[64,128]"], "every count must be positive"),
+        (
+            ["passkey.lr=0", "passkey.lengths=[64,128]", "passkey.steps=[1,1]"],
+            "passkey.lr=0.0 must be positive",
+        ),
+    ],
+)
+def test_no_curriculum_length_exceeds_the_training_length(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        typed_config(["+experiment=tiny", "passkey.enabled=true", *overrides])
+    typed_config(["+experiment=tiny", "passkey.lengths=[64,256]", "passkey.steps=[1,1]"])  # off: not checked
+
+
+def test_only_key_positions_carry_gradient(corpus: CorpusData) -> None:
+    model = tiny_model("alibi").train()
+    batch = passkey_batch(corpus.streams["train"], corpus.tokenizer, 2, 96, np.random.default_rng(0), 5)
+    assert batch.key_mask is not None
+    loss = key_loss(model, batch)
+    expected = token_losses(model, batch)[:, -5:].mean()  # the key is the last 5 targets
+    assert float(loss.detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    changed = batch.targets.clone()
+    changed[~batch.key_mask] = (changed[~batch.key_mask] + 1) % model.vocab_size  # every other target
+    other = type(batch)(batch.inputs, changed, batch.sentence, batch.paragraph, batch.key_mask)
+    other_grads = torch.autograd.grad(key_loss(model, other), list(model.parameters()))
+    for a, b in zip(grads, other_grads, strict=True):
+        assert torch.equal(a, b)  # the non-key targets take no part in the loss or its gradient
+
+
+def test_a_run_with_the_stage(tmp_path: Path) -> None:
+    """Perplexity and shift measure the language model (the same numbers as without the stage), the needle
+    the stage's model; the stage logs its key loss after the language model's steps and checkpoints."""
+    plain = run_train(tiny_args(tmp_path, "plain"))
+    staged = run_train(tiny_args(tmp_path, "staged", *STAGE))
+    assert plain.returncode == 0 and staged.returncode == 0, staged.stderr[-3000:]
+    a = json.loads((tmp_path / "plain" / "results.json").read_text())
+    b = json.loads((tmp_path / "staged" / "results.json").read_text())
+    assert b["eval"]["ppl/128"] == a["eval"]["ppl/128"]
+    assert b["eval"]["shift/prefix16/dloss"] == a["eval"]["shift/prefix16/dloss"]
+    assert b["eval"]["needle/logprob"] != a["eval"]["needle/logprob"]  # five steps on keys changed the model
+    assert b["eval_source"]["perplexity"] == "language model, step 8"
+    assert b["eval_source"]["needle"] == "passkey stage, step 13"
+    assert b["passkey_stage"]["steps"] == 5 and b["passkey_stage"]["curriculum"]["lengths"] == [96, 128]
+    lines = [json.loads(line) for line in (tmp_path / "staged" / "metrics.jsonl").read_text().splitlines()]
+    stage = [(line["step"], line["passkey/length"]) for line in lines if "passkey/length" in line]
+    assert stage == [(9, 96), (10, 96), (11, 96), (12, 128), (13, 128)]
+    assert all(0 < line["train/needle_loss"] < 30 for line in lines if "passkey/length" in line)
+    assert (tmp_path / "staged" / "checkpoint_passkey.pt").stat().st_size > 0
+    # re-evaluation scores each evaluator on the model it measured: the LM, and the stage's for the needle
+    script = [
+        str(ROOT / "scripts" / "evaluate.py"),
+        f"run_dir={tmp_path / 'staged'}",
+        f"out={tmp_path / 'again'}",
+    ]
+    again = subprocess.run([sys.executable, *script], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    reevaluated = json.loads((tmp_path / "again" / "results.json").read_text())["eval"]
+    for key in ("ppl/128", "needle/logprob", "needle/acc", "shift/prefix16/dloss"):
+        assert reevaluated[key] == pytest.approx(b["eval"][key], rel=1e-6, abs=1e-9)
+
+
+def test_init_from_takes_a_trained_runs_model(tmp_path: Path) -> None:
+    first = run_train(tiny_args(tmp_path, "first"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_train(tiny_args(tmp_path, "again", f"train.init_from={tmp_path / 'first'}", "train.steps=0"))
+    assert again.returncode == 0, again.stderr[-2000:]
+    a = json.loads((tmp_path / "first" / "results.json").read_text())
+    b = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-6) and b["eval"]["ppl/128"] == pytest.approx(
+        a["eval"]["ppl/128"], rel=1e-6
+    )
+    bad = run_train(tiny_args(tmp_path, "bad", f"train.init_from={tmp_path / 'first'}", "encoding=rope"))
+    assert bad.returncode == 2 and "incompatible config" in bad.stderr
+    zero = run_train(tiny_args(tmp_path, "zero", "train.steps=0"))
+    assert zero.returncode == 2 and "0 only with train.init_from" in zero.stderr
+    short = run_train(tiny_args(tmp_path, "short", *STAGE, "passkey.lengths=[32,128]"))
+    assert short.returncode == 2
+    assert "passkey.lengths=[32, 128]: a passkey example of 33 tokens" in short.stderr
+    assert not (tmp_path / "short" / "checkpoint.pt").exists()  # before any training
+
+
+def test_the_needle_preset_trains_a_base_then_the_stage() -> None:
+    cfg = typed_config(["+experiment=needle", "encoding=alibi"])
+    assert cfg.passkey.enabled and cfg.data.needle_rate == 0.5 and cfg.train.steps >= 600
+    assert max(cfg.passkey.lengths) == cfg.train.seq_len  # ends at the training length, never past it
+    assert cfg.eval.lengths == [512, 1024, 2048, 4096] and cfg.eval.needle.enabled
