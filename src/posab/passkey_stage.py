@@ -35,7 +35,7 @@ from posab.device import autocast
 from posab.errors import Preempted, require
 from posab.logging import Logger
 from posab.model import DecoderLM
-from posab.train import StopSignal, token_losses
+from posab.train import StopSignal, load_optimizer_state, optimizer_state, token_losses
 
 
 @dataclass
@@ -133,18 +133,14 @@ class PasskeyStage:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            **optimizer_state(self.model, self.optimizer, self.scheduler),
             "rng": self.rng.bit_generator.state,
             "progress": asdict(self.progress),
             "step": self.progress.step,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        load_optimizer_state(state, self.model, self.optimizer, self.scheduler)
         self.rng.bit_generator.state = state["rng"]
         self.progress = StageProgress(**state["progress"])
 

@@ -200,6 +200,22 @@ def set_rng_states(states: dict[str, Any]) -> None:
     random.setstate((3, tuple(states["python"]), None))
 
 
+def optimizer_state(model: nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """The model, optimizer and schedule of a training loop as checkpoint entries."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+    }
+
+
+def load_optimizer_state(state: dict[str, Any], model: nn.Module, optimizer: Any, scheduler: Any) -> None:
+    """Restore what `optimizer_state` saved."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+
+
 class StopSignal:
     """Records SIGTERM / SIGINT during training instead of dying mid-step (pre-emption)."""
 
@@ -253,9 +269,7 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            **optimizer_state(self.model, self.optimizer, self.scheduler),
             "sampler": self.sampler.state_dict(),
             "rng": rng_states(),
             "progress": asdict(self.progress),
@@ -263,9 +277,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        load_optimizer_state(state, self.model, self.optimizer, self.scheduler)
         self.sampler.load_state_dict(state["sampler"])
         set_rng_states(state["rng"])
         self.progress = Progress(**state["progress"])
