@@ -15,10 +15,11 @@ from conftest import ROOT, run_train, tiny_model, typed_config
 from posab.data import CorpusData
 from posab.data.passkey import passkey_batch
 from posab.errors import ConfigError
-from posab.passkey_stage import PasskeyStageConfig, key_loss
+from posab.passkey_stage import PasskeyStageConfig, key_accuracy, key_loss
 from posab.train import token_losses
 
-STAGE = ["passkey.enabled=true", "passkey.lengths=[96,128]", "passkey.steps=[3,2]", "passkey.log_every=1"]
+STAGE = ["passkey.enabled=true", "passkey.lengths=[96,128]", "passkey.steps=[3,2]", "passkey.log_every=1",
+         "passkey.probe_every=2", "passkey.probe_examples=4"]  # fmt: skip
 
 
 def tiny_args(tmp_path: Path, name: str, *more: str) -> list[str]:
@@ -45,6 +46,39 @@ def test_the_curriculum_schedule() -> None:
         cfg.length_at(900)
 
 
+def test_the_learning_rate_schedules() -> None:
+    constant = PasskeyStageConfig(steps=[60, 20, 10, 10], warmup_steps=10)
+    assert [constant.lr_factor(s) for s in (0, 4, 9, 10, 99)] == [0.1, 0.5, 1.0, 1.0, 1.0]
+    cosine = PasskeyStageConfig(steps=[60, 20, 10, 10], warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
+    factors = [cosine.lr_factor(s) for s in range(100)]
+    assert factors[:10] == [constant.lr_factor(s) for s in range(10)]
+    assert factors[10] == pytest.approx(1.0) and factors[99] == pytest.approx(0.1)
+    assert factors[54] == pytest.approx(0.55, abs=0.01)  # halfway through the decay
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))  # never rises
+
+
+def test_key_accuracy_is_greedy_retrieval_of_the_whole_key(corpus: CorpusData) -> None:
+    model = tiny_model("alibi").eval()
+    batch = passkey_batch(corpus.streams["train"], corpus.tokenizer, 4, 96, np.random.default_rng(0), 5)
+    assert batch.key_mask is not None
+    with torch.no_grad():
+        predicted = model(batch.inputs, batch.sentence, batch.paragraph).argmax(dim=-1)  # (B, T)
+    targets = torch.where(batch.key_mask, predicted, batch.targets)  # keys the model predicts exactly
+    exact = type(batch)(batch.inputs, targets, batch.sentence, batch.paragraph, batch.key_mask)
+    assert key_accuracy(model, exact) == 1.0
+    one_wrong = targets.clone()
+    last_key_position = int(batch.key_mask[1].nonzero()[-1])
+    one_wrong[1, last_key_position] = (one_wrong[1, last_key_position] + 1) % model.vocab_size
+    wrong = type(batch)(batch.inputs, one_wrong, batch.sentence, batch.paragraph, batch.key_mask)
+    assert key_accuracy(model, wrong) == 0.75  # one digit of one example's key
+    other = targets.clone()
+    other[~batch.key_mask] = (other[~batch.key_mask] + 1) % model.vocab_size  # every non-key target
+    assert (
+        key_accuracy(model, type(batch)(batch.inputs, other, batch.sentence, batch.paragraph, batch.key_mask))
+        == 1.0
+    )
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -57,6 +91,10 @@ def test_the_curriculum_schedule() -> None:
         (
             ["passkey.lr=0", "passkey.lengths=[64,128]", "passkey.steps=[1,1]"],
             "passkey.lr=0.0 must be positive",
+        ),
+        (
+            ["passkey.schedule=linear", "passkey.lengths=[64,128]", "passkey.steps=[1,1]"],
+            r"passkey.schedule='linear' is not one of \['constant', 'cosine'\]",
         ),
     ],
 )
@@ -100,6 +138,9 @@ def test_a_run_with_the_stage(tmp_path: Path) -> None:
     stage = [(line["step"], line["passkey/length"]) for line in lines if "passkey/length" in line]
     assert stage == [(9, 96), (10, 96), (11, 96), (12, 128), (13, 128)]
     assert all(0 < line["train/needle_loss"] < 30 for line in lines if "passkey/length" in line)
+    probes = [(line["step"], line["passkey/acc"]) for line in lines if "passkey/acc" in line]
+    assert [step for step, _ in probes] == [10, 12, 13] and all(0 <= acc <= 1 for _, acc in probes)
+    assert b["passkey_stage"]["probes"] == [[step - 8, acc] for step, acc in probes]
     assert (tmp_path / "staged" / "checkpoint_passkey.pt").stat().st_size > 0
     # re-evaluation scores each evaluator on the model it measured: the LM, and the stage's for the needle
     script = [

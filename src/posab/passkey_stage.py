@@ -10,8 +10,13 @@ Protocol: `passkey.lengths` (input lengths, increasing, each at most `train.seq_
 from the training split at uniformly random depths, with fresh keys (`posab.data.passkey`, the needle
 evaluation's format and key length), from a generator seeded by the run's seed. The loss is the mean
 cross-entropy over the key digits only (every other position carries no gradient). AdamW on every
-parameter at `lr` after `warmup_steps` of linear warmup, clipping at `grad_clip`. `train/needle_loss` is
-logged every `log_every` steps against the global step (language-model steps + stage steps); the stage
+parameter at `lr` after `warmup_steps` of linear warmup, then constant (`schedule: constant`) or cosine
+decay to `min_lr_ratio * lr` at the last step (`schedule: cosine`), clipping at `grad_clip`.
+`train/needle_loss` is logged every `log_every` steps against the global step (language-model steps +
+stage steps). Every `probe_every` steps (and at the end) a fixed set of `probe_examples` passkey examples
+at the curriculum's last length (drawn once, fresh keys, their own generator) is scored greedily and
+`passkey/acc` logged: whether retrieval at the training length is stable from checkpoint to checkpoint.
+The stage
 checkpoints into `checkpoint_passkey.pt` every `checkpoint_every` steps and at its end, and a rerun of
 the command resumes it there (SIGTERM stops it cleanly, as in training).
 """
@@ -42,14 +47,18 @@ from posab.train import StopSignal, load_optimizer_state, optimizer_state, token
 class PasskeyStageConfig:
     enabled: bool = False
     lengths: list[int] = field(default_factory=lambda: [96, 192, 384, 512])  # the curriculum, inputs
-    steps: list[int] = field(default_factory=lambda: [400, 200, 150, 150])  # steps at each length
-    batch_tokens: int = 3072  # examples per step at length L: max(1, batch_tokens // L)
+    steps: list[int] = field(default_factory=lambda: [400, 200, 200, 400])  # steps at each length
+    batch_tokens: int = 4096  # examples per step at length L: max(1, batch_tokens // L)
     lr: float = 1e-3
     warmup_steps: int = 20
+    schedule: str = "cosine"  # constant | cosine (to min_lr_ratio * lr at the last step)
+    min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     log_every: int = 10
     checkpoint_every: int = 100
+    probe_every: int = 50  # 0: no probe
+    probe_examples: int = 32
 
     def validate(self, train_len: int) -> None:
         """Check the curriculum against the training length: the stage never goes past it."""
@@ -70,6 +79,12 @@ class PasskeyStageConfig:
         require(self.lr > 0, f"{p}.lr={self.lr} must be positive")
         require(self.warmup_steps >= 0, f"{p}.warmup_steps={self.warmup_steps} must be >= 0")
         require(self.weight_decay >= 0, f"{p}.weight_decay={self.weight_decay} must be >= 0")
+        require(
+            self.schedule in SCHEDULES, f"{p}.schedule={self.schedule!r} is not one of {sorted(SCHEDULES)}"
+        )
+        require(0 <= self.min_lr_ratio <= 1, f"{p}.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        require(self.probe_every >= 0, f"{p}.probe_every={self.probe_every} must be >= 0 (0: no probe)")
+        require(self.probe_examples > 0, f"{p}.probe_examples={self.probe_examples} must be positive")
 
     @property
     def total_steps(self) -> int:
@@ -84,6 +99,30 @@ class PasskeyStageConfig:
 
     def batch_size(self, length: int) -> int:
         return max(1, self.batch_tokens // length)
+
+    def lr_factor(self, step: int) -> float:
+        """The learning rate of stage step `step` (0-based) as a fraction of `lr`."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        progress = (step - self.warmup_steps) / max(1, self.total_steps - 1 - self.warmup_steps)
+        cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * cosine
+
+
+SCHEDULES = {"constant", "cosine"}
+
+
+@torch.no_grad()
+def key_accuracy(model: nn.Module, batch: Batch) -> float:
+    """The share of examples whose key greedy decoding returns: every key position's argmax is its digit
+    (the needle evaluation's criterion; the argument is in `posab.evaluate.needle`)."""
+    if batch.key_mask is None:
+        raise ValueError("key_accuracy needs a batch of passkey examples (a key mask)")
+    logits = model(batch.inputs, batch.sentence, batch.paragraph)  # (B, T, V)
+    right = (logits.argmax(dim=-1) == batch.targets) | ~batch.key_mask  # (B, T)
+    return float(right.all(dim=1).float().mean())
 
 
 def key_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -100,6 +139,7 @@ class StageProgress:
     step: int = 0
     time_s: float = 0.0
     recent_losses: list[float] = field(default_factory=list)
+    probes: list[list[float]] = field(default_factory=list)  # [stage step, key accuracy]
 
 
 class PasskeyStage:
@@ -125,11 +165,12 @@ class PasskeyStage:
         self.rng = np.random.default_rng([seed, 14])  # its own stream: not the training sampler's
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        warmup = cfg.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, cfg.lr_factor)
         self.progress = StageProgress()
+        probe_rng = np.random.default_rng([seed, 14, 1])  # fixed examples, whatever the stage draws
+        self.probe = passkey_batch(
+            stream, tokenizer, cfg.probe_examples, cfg.lengths[-1], probe_rng, key_digits
+        ).to(self.device)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -176,15 +217,30 @@ class PasskeyStage:
             "steps": cfg.total_steps,
             "time_s": round(progress.time_s, 2),
             "needle_loss": float(np.mean(progress.recent_losses)) if progress.recent_losses else math.nan,
+            "probe_acc": progress.probes[-1][1] if progress.probes else math.nan,
+            "probes": progress.probes,
             "curriculum": {"lengths": list(cfg.lengths), "steps": list(cfg.steps)},
         }
+
+    def _probe(self) -> float:
+        """Greedy key accuracy on the fixed probe examples at the curriculum's last length."""
+        self.model.eval()
+        with autocast(self.device, self.dtype):
+            accuracy = key_accuracy(self.model, self.probe)
+        self.model.train()
+        self.progress.probes.append([self.progress.step, accuracy])
+        return accuracy
 
     def _after_step(self, stop: StopSignal) -> None:
         progress, cfg = self.progress, self.cfg
         done, last = progress.step, progress.step == cfg.total_steps
+        metrics: dict[str, float] = {}
         if done % cfg.log_every == 0 or last:
-            metrics = {"train/needle_loss": float(np.mean(progress.recent_losses))}
+            metrics["train/needle_loss"] = float(np.mean(progress.recent_losses))
             metrics["passkey/length"] = cfg.length_at(done - 1)
+        if cfg.probe_every and (done % cfg.probe_every == 0 or last):
+            metrics["passkey/acc"] = self._probe()
+        if metrics:
             self.logger.log(metrics, self.first_step + done)
         stopping = stop.received is not None
         if done % cfg.checkpoint_every == 0 or last or stopping:
