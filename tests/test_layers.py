@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"evaluate"},
     {"config", "checkpoint"},  # assembles the sections
     {"build"},
-    {"run", "report", "bench"},  # entry points
+    {"run", "report", "bench", "needle_report"},  # entry points
 ]
 TORCH_FREE = sorted(LAYERS[0])
 

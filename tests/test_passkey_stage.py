@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_train, tiny_model, typed_config
+from posab import needle_report
 from posab.data import CorpusData
 from posab.data.passkey import passkey_batch
 from posab.errors import ConfigError
@@ -47,7 +48,7 @@ def test_the_curriculum_schedule() -> None:
 
 
 def test_the_learning_rate_schedules() -> None:
-    constant = PasskeyStageConfig(steps=[60, 20, 10, 10], warmup_steps=10)
+    constant = PasskeyStageConfig(steps=[60, 20, 10, 10], warmup_steps=10, schedule="constant")
     assert [constant.lr_factor(s) for s in (0, 4, 9, 10, 99)] == [0.1, 0.5, 1.0, 1.0, 1.0]
     cosine = PasskeyStageConfig(steps=[60, 20, 10, 10], warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
     factors = [cosine.lr_factor(s) for s in range(100)]
@@ -141,6 +142,17 @@ def test_a_run_with_the_stage(tmp_path: Path) -> None:
     probes = [(line["step"], line["passkey/acc"]) for line in lines if "passkey/acc" in line]
     assert [step for step, _ in probes] == [10, 12, 13] and all(0 <= acc <= 1 for _, acc in probes)
     assert b["passkey_stage"]["probes"] == [[step - 8, acc] for step, acc in probes]
+    summary = tmp_path / "summary"
+    assert needle_report.main([str(tmp_path / "staged"), "--out", str(summary)]) == 0
+    row = next(
+        line for line in (summary / "needle.md").read_text().splitlines() if line.startswith("| alibi")
+    )
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1:3] == [f"{b['eval'][f'needle/acc@{n}']:.2f}" for n in (128, 256)]
+    assert cells[-2:] == [f"{b['eval'][f'ppl/{n}']:.2f}" for n in (128, 256)]  # the LM's, before the stage
+    assert (summary / "stage_curves.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="2"):
+        needle_report.main([str(tmp_path / "plain"), "--out", str(summary)])  # no stage: named, exit 2
     assert (tmp_path / "staged" / "checkpoint_passkey.pt").stat().st_size > 0
     # re-evaluation scores each evaluator on the model it measured: the LM, and the stage's for the needle
     script = [
