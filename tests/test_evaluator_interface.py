@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import ROOT, isolated_env
 from posab.evaluate import EvalConfig, evaluator_classes
-from posab.report import study_columns
+from posab.report.columns import study_columns
 
 PLUGIN = '''
 """A made-up measurement: the validation windows of the training length, with a table and a figure."""

@@ -6,6 +6,7 @@ import csv
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, run_train
-from posab.report import RunRecord, group_rows, load_run, main, study_table, swept_keys, write_csv
+from posab.report import main
+from posab.report.curves import plot_training_curves, trained_rows
+from posab.report.grouping import Row, group_rows, swept_keys
+from posab.report.markdown import study_table
+from posab.report.records import RunRecord
+from posab.report.rundirs import load_run
+from posab.report.runs_csv import load_csv, write_csv
+from posab.report.stats import curve_band
+from posab.report.styles import line_styles
 
 FAILED_RUN = "0_encoding=alibi,train.lr=-1"
 FAILED_ERROR = "ConfigError: train.lr=-1.0 must be positive"
@@ -114,11 +123,40 @@ def test_report_names_commit_and_machine(runs_dir: Path, report_dir: Path) -> No
 
 
 def test_every_plot_is_a_png(report_dir: Path) -> None:
-    names = ["ppl_vs_length", "position_loss", "shift", "needle_alibi", "needle_nope"]
+    names = ["training_curves", "ppl_vs_length", "position_loss", "shift", "needle_alibi", "needle_nope"]
     for name in names:
         data = (report_dir / f"{name}.png").read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000, name
         assert f"![{name}.png]({name}.png)" in (report_dir / "report.md").read_text()
+
+
+def test_training_curves_are_each_runs_validation_loss_from_metrics_jsonl(
+    runs_dir: Path, report_dir: Path
+) -> None:
+    """runs.csv keeps each run's (step, val/loss) pairs as metrics.jsonl has them (tiny: steps 4 and 8)."""
+    with (report_dir / "runs.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    finished = [r for r in rows if r["status"] == "finished"]
+    assert len(finished) == 4
+    for row in finished:
+        lines = (runs_dir / "sweep" / row["run"] / "metrics.jsonl").read_text().splitlines()
+        logged = [[r["step"], r["val/loss"]] for r in map(json.loads, lines) if "val/loss" in r]
+        assert [step for step, _ in logged] == [4, 8]
+        assert json.loads(row["val_loss_curve"]) == logged
+
+
+def test_a_runs_csv_without_curves_renders_without_the_training_curve_plot(
+    report_dir: Path, tmp_path: Path
+) -> None:
+    """A runs.csv written before the curves were kept: the plot is left out, the rest is drawn."""
+    old = tmp_path / "old"
+    old.mkdir()
+    write_csv([replace(r, val_curve=[]) for r in load_csv(report_dir / "runs.csv")], old / "runs.csv")
+    assert "val_loss_curve" not in (old / "runs.csv").read_text()
+    assert main([str(old), "--out", str(tmp_path / "out")]) == 0
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "training_curves" not in report and not (tmp_path / "out" / "training_curves.png").exists()
+    assert "![ppl_vs_length.png](ppl_vs_length.png)" in report
 
 
 def test_configs_are_copied(runs_dir: Path, report_dir: Path) -> None:
@@ -189,9 +227,12 @@ def test_swept_values_make_rows_and_cells_follow_the_seeds() -> None:
     assert lines[3] == "| multiscale, data.anchors=true | 2 | — | 100 (n=1) | — | 1.500 ± 0.707 |"
 
 
-def test_rope_scalings_become_rows_of_their_own() -> None:
-    from posab.report import RunRecord, group_rows
+def metric(row: Row, key: str) -> list[float]:
+    """The value of one metric in each run of the row that has it."""
+    return [r.metrics[key] for r in row.runs if key in r.metrics]
 
+
+def test_rope_scalings_become_rows_of_their_own() -> None:
     run = RunRecord(
         name="rope-run",
         status="finished",
@@ -206,9 +247,9 @@ def test_rope_scalings_become_rows_of_their_own() -> None:
     )
     rows = {row.label: row for row in group_rows([run])["s"]}
     assert set(rows) == {"rope", "rope + pi"}
-    assert rows["rope"].values("ppl/128") == [9.0] and rows["rope + pi"].values("ppl/128") == [7.0]
-    assert rows["rope + pi"].values("ppl/64") == [5.0]  # within the training length: unscaled
-    assert rows["rope + pi"].values("needle/acc@128") == [0.5]
+    assert metric(rows["rope"], "ppl/128") == [9.0] and metric(rows["rope + pi"], "ppl/128") == [7.0]
+    assert metric(rows["rope + pi"], "ppl/64") == [5.0]  # within the training length: unscaled
+    assert metric(rows["rope + pi"], "needle/acc@128") == [0.5]
     assert rows["rope + pi"].runs[0].series["position_loss/128"] == [0.5]
 
 
@@ -276,3 +317,50 @@ def test_a_setting_fixed_per_encoding_but_different_between_them_stays_in_the_la
             record("rope", 0, {"val_loss": 2.0}, **{"train.lr": "0.003"})]  # fmt: skip
     labels = [r.label for r in group_rows(runs)["ablation"]]
     assert labels == ["alibi, train.lr=0.001", "rope, train.lr=0.003"]
+
+
+def test_curve_band_is_mean_min_and_max_over_the_seeds_at_each_step() -> None:
+    band = curve_band([[(10, 2.0), (20, 1.0)], [(20, 3.0), (10, 4.0), (30, 0.5)]])
+    assert band.index.tolist() == [10, 20, 30]
+    assert band["mean"].tolist() == [3.0, 2.0, 0.5]  # step 30: the one run that logged it
+    assert band["min"].tolist() == [2.0, 1.0, 0.5]
+    assert band["max"].tolist() == [4.0, 3.0, 0.5]
+
+
+def test_training_curves_plot_one_line_per_trained_row(tmp_path: Path) -> None:
+    """A RoPE scaling view trained as its run did: no line of its own; no curve at all: no plot."""
+    runs = [
+        replace(
+            record("rope", seed, {"ppl/64": 5.0, "ppl@pi/64": 4.0}), val_curve=[(4, 3.0 - seed), (8, 2.0)]
+        )
+        for seed in (0, 1)
+    ]
+    rows = {row.label: row for row in group_rows(runs)["ablation"]}
+    assert set(rows) == {"rope", "rope + pi"} and set(trained_rows(rows)) == {"rope"}
+    path = plot_training_curves(rows, tmp_path / "curves.png")
+    assert path is not None and path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    untrained = {row.label: row for row in group_rows([record("rope", 0, {"ppl/64": 5.0})])["ablation"]}
+    assert plot_training_curves(untrained, tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_colour_follows_the_encoding_and_line_style_the_variant() -> None:
+    runs = [
+        record("multiscale", 0, {"ppl/64": 5.0}, **{"data.anchors": "false"}),
+        record("multiscale", 0, {"ppl/64": 5.0}, **{"data.anchors": "true"}),
+        record("rope", 0, {"ppl/64": 5.0, "ppl@pi/64": 4.0}, **{"data.anchors": "true"}),
+        record("alibi", 0, {"ppl/64": 5.0}, **{"data.anchors": "true"}),
+    ]
+    rows = {row.label: row for row in group_rows(runs)["ablation"]}
+    styles = line_styles(rows)
+    for one, other in (
+        ("multiscale, data.anchors=false", "multiscale, data.anchors=true"),
+        ("rope", "rope + pi"),
+    ):
+        assert styles[one]["color"] == styles[other]["color"], (one, other)
+        assert styles[one]["linestyle"] != styles[other]["linestyle"], (one, other)
+    colours = [styles[label]["color"] for label in ("alibi", "multiscale, data.anchors=false", "rope")]
+    assert len(set(colours)) == 3
+    assert styles["alibi"]["linestyle"] == styles["rope"]["linestyle"] == "-"  # no variant: solid
+    alone = line_styles({"rope": rows["rope"]})  # an encoding keeps its colour in another report
+    assert alone["rope"]["color"] == styles["rope"]["color"]

@@ -1,0 +1,50 @@
+"""The command line: `python scripts/report.py DIR [DIR ...] --out results/NAME`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from posab.report.document import write_report
+from posab.report.records import ReportError, RunRecord
+from posab.report.rundirs import find_runs, load_run, run_names
+from posab.report.runs_csv import load_csv
+
+
+def collect_runs(paths: Sequence[Path]) -> list[RunRecord]:
+    """All runs behind the given paths: report folders (runs.csv) and folders of run directories."""
+    records: list[RunRecord] = []
+    dirs = []
+    for path in paths:
+        if (path / "runs.csv").is_file() and not (path / "results.json").is_file():
+            records.extend(load_csv(path / "runs.csv"))
+        else:
+            dirs.extend(find_runs([path]))
+    dirs = list(dict.fromkeys(dirs))
+    records.extend(load_run(d, name) for d, name in zip(dirs, run_names(dirs), strict=True))
+    names = [r.name for r in records]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise ReportError(f"the same run name comes from two inputs: {', '.join(clashes)}")
+    return records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: `python scripts/report.py DIR [DIR ...] --out results/NAME`; returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="scripts/report.py",
+        description="Tables, CSV, plots and configs from run directories, sweeps or a report's runs.csv.",
+    )
+    parser.add_argument("paths", nargs="+", type=Path, help="run/sweep directories, or report folders")
+    parser.add_argument("--out", type=Path, default=Path("results/report"), help="output folder")
+    args = parser.parse_args(argv)
+    try:
+        runs = collect_runs(args.paths)
+        report = write_report(runs, args.out)
+    except ReportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{report}: {len(runs)} runs")
+    return 0

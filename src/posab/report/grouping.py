@@ -1,0 +1,121 @@
+"""Rows of the report: the finished runs of a study grouped by encoding and swept values, one run per seed.
+
+A swept value is a config key whose value differs between the finished runs of the study (for
+`encoding.*` hyper-parameters: between finished runs of the same encoding), except the seed and keys that
+do not change the experiment (`IGNORED_KEYS`). A RoPE run evaluated with scalings also gives one row per
+scaling (`rope + pi`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from posab.report.records import RunRecord, natural_key
+from posab.report.scaling import UNSCALED, scaled_view, scaling_kinds
+
+# Config keys (and key prefixes) that never make a row of their own: the seed, the study itself, where
+# files live, logging and progress settings, and Hydra's own keys.
+IGNORED_KEYS = (
+    "seed",
+    "experiment",
+    "threads",
+    "hydra",
+    "logger",
+    "run_dir",
+    "encoding.name",
+    "encoding._target_",
+    "encoding._before_",
+    "data.path",
+    "data.cache_dir",
+    "data.hub_local_dir",
+    "train.progress",
+    "eval.progress",
+)
+
+
+@dataclass
+class Row:
+    """The finished runs of one study that share an encoding and every swept value (one per seed)."""
+
+    study: str
+    label: str  # e.g. "multiscale, data.anchors=false", "rope + pi"
+    encoding: str
+    scaling: str  # the evaluation-time RoPE scaling of this view of the runs; "" for their own numbers
+    runs: list[RunRecord]
+
+    @property
+    def variant(self) -> str:
+        """The label without the encoding: swept values, scaling ("data.anchors=false", "pi"; "" for none)."""
+        return self.label.removeprefix(self.encoding).lstrip(", +")
+
+
+def _ignored(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in IGNORED_KEYS)
+
+
+def swept_keys(runs: Sequence[RunRecord]) -> list[str]:
+    """Config keys that differ between these runs (`encoding.*`: between runs of the same encoding).
+
+    A key only some runs have (a setting added to the schema after the others ran) is compared among the
+    runs that have it."""
+
+    def scope(run: RunRecord, key: str) -> str:
+        return run.encoding if key.startswith("encoding.") else ""
+
+    def differs(key: str) -> bool:
+        having = [r for r in runs if key in r.config]
+        return len({(scope(r, key), r.config[key]) for r in having}) > len({scope(r, key) for r in having})
+
+    keys = sorted({k for r in runs for k in r.config if not _ignored(k)}, key=natural_key)
+    return [k for k in keys if differs(k)]
+
+
+def label_keys(runs: Sequence[RunRecord], keys: Sequence[str]) -> dict[str, list[str]]:
+    """Per encoding, the swept keys its row labels show: those that vary among its runs, and those that
+    are constant for every encoding but not the same for all of them (a confounded setting stays visible).
+    A key swept for some encodings only (data.anchors for two of them) stays out of the others' labels."""
+    values: dict[str, dict[str, set[str]]] = {k: {} for k in keys}  # key -> encoding -> its values
+    for run in runs:
+        for key in keys:
+            if key in run.config:
+                values[key].setdefault(run.encoding, set()).add(run.config[key])
+    shown: dict[str, list[str]] = {}
+    for encoding in {r.encoding for r in runs}:
+        for key in keys:
+            per_encoding = values[key]
+            constants = {next(iter(v)) for v in per_encoding.values() if len(v) == 1}
+            if encoding in per_encoding and (len(per_encoding[encoding]) > 1 or len(constants) > 1):
+                shown.setdefault(encoding, []).append(key)
+    return shown
+
+
+def run_label(run: RunRecord, keys: Sequence[str]) -> str:
+    """The encoding and the run's value of each of `keys` it has: "multiscale, data.anchors=false"."""
+    return ", ".join([run.encoding, *(f"{k}={run.config[k]}" for k in keys if k in run.config)])
+
+
+def study_keys(runs: Sequence[RunRecord]) -> dict[str, list[str]]:
+    """Swept keys per study, from its finished runs."""
+    studies = sorted({r.study for r in runs}, key=natural_key)
+    return {s: swept_keys([r for r in runs if r.study == s and r.finished]) for s in studies}
+
+
+def group_rows(runs: Sequence[RunRecord]) -> dict[str, list[Row]]:
+    """Finished runs per study, grouped into rows by encoding and swept values, rows sorted by label.
+
+    A RoPE run evaluated with scalings also gives one row per scaling (`rope + pi`, ...)."""
+    table: dict[str, list[Row]] = {}
+    for study, keys in study_keys(runs).items():
+        rows: dict[str, Row] = {}
+        finished = [r for r in runs if r.study == study and r.finished]
+        shown = label_keys(finished, keys)
+        for run in finished:
+            label = run_label(run, shown.get(run.encoding, []))
+            views = [("", label, scaled_view(run, UNSCALED))]
+            views += [(kind, f"{label} + {kind}", scaled_view(run, kind)) for kind in scaling_kinds(run)]
+            for kind, name, view in views:
+                rows.setdefault(name, Row(study, name, run.encoding, kind, [])).runs.append(view)
+        if rows:
+            table[study] = [rows[k] for k in sorted(rows, key=natural_key)]
+    return table

@@ -1,0 +1,69 @@
+"""What the report knows of one run (`RunRecord`), the error it raises, and the names of its CSV columns."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+INFO_COLUMNS = (
+    "run",
+    "study",
+    "label",
+    "status",
+    "error",
+    "encoding",
+    "seed",
+    "experiment",
+    "overrides",
+    "git_commit",
+    "machine",
+    "device",
+    "precision",
+)
+RUN_METRICS = ("tokens_per_s", "train_loss", "val_loss", "wall_time_s")  # top-level keys of results.json
+SUMMARY_METRICS = (
+    "params/total",
+    "params/encoding",
+    "params/non_embedding",
+    *RUN_METRICS,
+)
+CONFIG_PREFIX = "config."
+SERIES_PREFIX = "position_loss/"
+VAL_CURVE_KEY = "val/loss"  # the metrics.jsonl key of the validation loss logged during training
+VAL_CURVE_COLUMN = "val_loss_curve"  # its runs.csv column: [[step, loss], ...] as JSON
+SEQ_LEN_KEY = "train.seq_len"
+
+
+class ReportError(Exception):
+    """Nothing to report on, or inputs that cannot be combined; the message names the path."""
+
+
+@dataclass
+class RunRecord:
+    """One run as the report sees it, read from its directory or from a runs.csv row."""
+
+    name: str  # unique among the runs of a report; names the copied config
+    status: str  # running | finished | failed
+    error: str
+    encoding: str
+    seed: int | None
+    study: str
+    info: dict[str, str]  # experiment, overrides, git_commit, machine, device, precision
+    config: dict[str, str]  # flattened config ("data.anchors" -> "false"); values as in YAML
+    metrics: dict[str, float]  # every scalar result: params/*, val_loss, ..., every scalar eval key
+    series: dict[str, list[float]]  # position_loss/L: mean loss per position bin
+    config_path: Path | None = None
+    val_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, val/loss) during training
+
+    @property
+    def finished(self) -> bool:
+        """Only finished runs enter the tables and plots; the others are listed as failed."""
+        return self.status == "finished"
+
+
+def natural_key(value: object) -> tuple[Any, ...]:
+    """Sort key that orders the numbers inside strings by value: ppl/512 < ppl/1024."""
+    parts = re.split(r"(\d+(?:\.\d+)?)", str(value))
+    return tuple(float(p) if i % 2 else p for i, p in enumerate(parts))

@@ -1,0 +1,199 @@
+"""Run directories: finding them, naming them, and reading each into a `RunRecord`.
+
+A run directory holds `results.json` and `config.yaml` (and, for the training curve, `metrics.jsonl`).
+Configs of runs made before an encoding option existed are completed with the values they ran with.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from posab.paths import encoding_options
+from posab.report.records import (
+    RUN_METRICS,
+    SERIES_PREFIX,
+    VAL_CURVE_KEY,
+    ReportError,
+    RunRecord,
+    natural_key,
+)
+from posab.results import flatten, is_number
+
+# Config keys an encoding option replaced: the option and the option's value for each old value. A run that
+# has the old key (and not the option) is labelled with the option's value, in the row of the runs made
+# with it, and the old key is dropped. Runs read back from a report's runs.csv keep their columns as
+# written.
+LEGACY_KEYS: dict[str, tuple[str, dict[str, str]]] = {
+    # sinusoidal before `form` (issue 13): x * sqrt(d) + PE (the paper's) or x + PE
+    "encoding.scale_embeddings": ("encoding.form", {"true": "paper", "false": "unscaled"}),
+}
+
+
+def find_runs(paths: Iterable[Path]) -> list[Path]:
+    """Every run directory (`results.json` + `config.yaml`) at or below each path, each path once."""
+    found: dict[Path, None] = {}
+    for path in paths:
+        if not path.exists():
+            raise ReportError(f"{path} does not exist")
+        candidates = sorted(path.rglob("results.json"), key=natural_key)
+        runs = [c.parent for c in candidates if (c.parent / "config.yaml").is_file()]
+        if not runs:
+            raise ReportError(f"no run directories (results.json + config.yaml) found under {path}")
+        found.update(dict.fromkeys(r.resolve() for r in runs))
+    return list(found)
+
+
+def run_names(run_dirs: Sequence[Path]) -> list[str]:
+    """Unique names for distinct directories: the directory name (its path below the multirun sweep
+    folder, joined by `__`), with as many parent folders added as it takes to tell them apart."""
+    depths = [_depth_below_sweep(d) for d in run_dirs]
+    extra = 0
+    while True:
+        names = ["__".join(d.parts[-(depth + extra) :]) for d, depth in zip(run_dirs, depths, strict=True)]
+        if len(set(names)) == len(names):
+            return names
+        extra += 1
+
+
+def _depth_below_sweep(run_dir: Path) -> int:
+    """1, or the number of folders below the sweep folder (Hydra's multirun.yaml) when it is nested."""
+    for depth, parent in enumerate(run_dir.parents, start=1):
+        if (parent / "multirun.yaml").is_file():
+            return depth
+    return 1
+
+
+def load_run(path: Path, name: str | None = None) -> RunRecord:
+    """Read one run directory; a failed run may hold little more than its status and error."""
+    results = _read_results(path / "results.json")
+    config = _read_config(path / "config.yaml")
+    metrics, series = _metrics_and_series(results)
+    info = _run_info(results, config)
+    seed = results.get("seed", config.get("seed"))
+    group = config.get("logger.group", "null")
+    return RunRecord(
+        name=name or path.name,
+        status=str(results.get("status", "unknown")),
+        error=str(results.get("error", "")),
+        encoding=str(results.get("encoding") or _encoding_from(config, info["overrides"])),
+        seed=None if seed in (None, "null") else int(seed),
+        study=group if group != "null" else info["experiment"] or "default",
+        info=info,
+        config=config,
+        metrics=metrics,
+        series=series,
+        config_path=path / "config.yaml",
+        val_curve=read_val_curve(path / "metrics.jsonl"),
+    )
+
+
+def _read_results(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return {"status": "failed", "error": f"unreadable results.json: {err}"}
+
+
+def _read_config(path: Path) -> dict[str, str]:
+    """The flattened config, completed with the encoding's options as the run ran them."""
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    config = yaml_values(raw if isinstance(raw, dict) else {})
+    return {**encoding_defaults(config.get("encoding.name", "")), **with_current_keys(config)}
+
+
+def _metrics_and_series(results: dict[str, Any]) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Every scalar result (run-level, params/*, eval keys) and the position_loss/L curves."""
+    metrics = {k: float(results[k]) for k in RUN_METRICS if is_number(results.get(k))}
+    metrics.update(
+        {f"params/{k}": float(v) for k, v in (results.get("params") or {}).items() if is_number(v)}
+    )
+    series: dict[str, list[float]] = {}
+    for key, value in (results.get("eval") or {}).items():
+        if is_number(value):
+            metrics[key] = float(value)
+        elif key.startswith(SERIES_PREFIX) and isinstance(value, list):
+            series[key] = [float(v) for v in value]
+    return metrics, series
+
+
+def _run_info(results: dict[str, Any], config: dict[str, str]) -> dict[str, str]:
+    machine = results.get("machine") or {}
+    return {
+        "experiment": str(results.get("experiment") or config.get("experiment", "")),
+        "overrides": str(results.get("overrides", "")),
+        "git_commit": str(results.get("git_commit", "")),
+        "machine": join_nonempty(
+            str(machine.get("platform", "")),
+            str(machine.get("processor", "")),
+            f"{machine['cpus']} CPUs" if "cpus" in machine else "",
+            f"torch {machine['torch']}" if "torch" in machine else "",
+        ),
+        "device": str(results.get("device", "")),
+        "precision": str(results.get("precision", "")),
+    }
+
+
+def read_val_curve(path: Path) -> list[tuple[int, float]]:
+    """(step, val/loss) from a run's metrics.jsonl, the last value logged for each step (a resumed run logs
+    some steps twice); empty without the file. A line cut short by a killed process is passed over."""
+    if not path.is_file():
+        return []
+    curve: dict[int, float] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if VAL_CURVE_KEY in record:
+            curve[int(record["step"])] = float(record[VAL_CURVE_KEY])
+    return sorted(curve.items())
+
+
+@cache
+def encoding_defaults(encoding: str) -> dict[str, str]:
+    """The options of `conf/encoding/<encoding>.yaml` as `encoding.*` keys, as a run that lacks one of
+    them ran it; empty where there is no such file.
+
+    A run made before an encoding option existed lacks the key. It ran with the option's default, unless
+    the default changed: the yaml's `_before_` gives the value such runs had (e.g. sinusoidal
+    `form: unscaled`), and that one is filled in. `_before_` itself is no option."""
+    options = encoding_options(encoding) if encoding else {}
+    if not options:
+        return {}
+    before = options.get("_before_") or {}
+    current = {k: v for k, v in options.items() if k != "_before_"}
+    return yaml_values({"encoding": {**current, **before}})
+
+
+def with_current_keys(config: dict[str, str]) -> dict[str, str]:
+    """A run's flattened config with every key in LEGACY_KEYS replaced by the option that replaced it."""
+    current = dict(config)
+    for old, (option, values) in LEGACY_KEYS.items():
+        if old in current:
+            value = current.pop(old)
+            current.setdefault(option, values.get(value, value))
+    return current
+
+
+def _encoding_from(config: dict[str, str], overrides: str) -> str:
+    if "encoding.name" in config:
+        return config["encoding.name"]
+    match = re.search(r"(?:^|,)encoding=([^,]+)", overrides)
+    return match.group(1) if match else "unknown"
+
+
+def yaml_values(node: dict[str, Any]) -> dict[str, str]:
+    """Nested config -> {"dotted.key": value as YAML would write it} (true, null, [1, 2], 0.003)."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in flatten(node).items()}
+
+
+def join_nonempty(*parts: str) -> str:
+    """The non-empty parts joined by `, `."""
+    return ", ".join(p for p in parts if p)

@@ -1,0 +1,91 @@
+"""runs.csv: one row per run, written with every result and read back, so that a report renders again
+from its own folder without the run directories."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from posab.report.grouping import run_label, study_keys
+from posab.report.records import (
+    CONFIG_PREFIX,
+    INFO_COLUMNS,
+    SEQ_LEN_KEY,
+    SERIES_PREFIX,
+    SUMMARY_METRICS,
+    VAL_CURVE_COLUMN,
+    RunRecord,
+    natural_key,
+)
+
+LINE_END = "\r\n"  # as Python's csv module writes, so that runs.csv files written before stay unchanged
+
+
+def write_csv(runs: Sequence[RunRecord], path: Path) -> Path:
+    """One row per run: INFO_COLUMNS, the training length and swept config values (`config.KEY`), every
+    scalar result (summary first, then the rest sorted), then position_loss/L as JSON lists and, where a
+    run has one, the validation-loss curve as JSON [step, loss] pairs (`val_loss_curve`)."""
+    keys = study_keys(runs)
+    swept = {k for study in keys.values() for k in study}
+    config_keys = sorted(swept | {SEQ_LEN_KEY}, key=natural_key)
+    metric_keys = sorted({k for r in runs for k in r.metrics} - set(SUMMARY_METRICS), key=natural_key)
+    series_keys = sorted({k for r in runs for k in r.series}, key=natural_key)
+    columns = [
+        *INFO_COLUMNS,
+        *(CONFIG_PREFIX + k for k in config_keys),
+        *SUMMARY_METRICS,
+        *metric_keys,
+        *series_keys,
+        *([VAL_CURVE_COLUMN] if any(r.val_curve for r in runs) else []),
+    ]
+    frame = pd.DataFrame([_csv_cells(r, run_label(r, keys[r.study])) for r in runs], columns=columns)
+    frame.to_csv(path, index=False, lineterminator=LINE_END, encoding="utf-8")
+    return path
+
+
+def _csv_cells(run: RunRecord, label: str) -> dict[str, Any]:
+    """One run's cells by column name; a column the run has no value for stays empty."""
+    cells: dict[str, Any] = {"run": run.name, "study": run.study, "label": label, "status": run.status}
+    cells |= {"error": run.error, "encoding": run.encoding, "seed": "" if run.seed is None else str(run.seed)}
+    cells |= run.info
+    cells |= {CONFIG_PREFIX + k: v for k, v in run.config.items()}
+    cells |= run.metrics
+    cells |= {k: json.dumps(v) for k, v in run.series.items()}
+    if run.val_curve:
+        cells[VAL_CURVE_COLUMN] = json.dumps(run.val_curve)
+    return cells
+
+
+def load_csv(path: Path) -> list[RunRecord]:
+    """Read the runs back from a report's runs.csv (configs from its configs/ folder, when there)."""
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+    return [_record(row, path.parent / "configs") for row in frame.to_dict("records")]
+
+
+def _record(row: dict[str, str], configs: Path) -> RunRecord:
+    filled = {k: v for k, v in row.items() if v != ""}
+    config = {k[len(CONFIG_PREFIX) :]: v for k, v in filled.items() if k.startswith(CONFIG_PREFIX)}
+    series = {k: json.loads(v) for k, v in filled.items() if k.startswith(SERIES_PREFIX)}
+    not_metrics = {*INFO_COLUMNS, *series, VAL_CURVE_COLUMN}
+    metrics = {
+        k: float(v) for k, v in filled.items() if k not in not_metrics and not k.startswith(CONFIG_PREFIX)
+    }
+    config_path = configs / f"{row['run']}.yaml"
+    return RunRecord(
+        name=row["run"],
+        status=row["status"],
+        error=row["error"],
+        encoding=row["encoding"],
+        seed=int(row["seed"]) if row["seed"] else None,
+        study=row["study"],
+        info={k: row[k] for k in ("experiment", "overrides", "git_commit", "machine", "device", "precision")},
+        config=config,
+        metrics=metrics,
+        series=series,
+        config_path=config_path if config_path.is_file() else None,
+        val_curve=[(int(step), float(loss)) for step, loss in json.loads(filled.get(VAL_CURVE_COLUMN, "[]"))],
+    )
