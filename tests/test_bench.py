@@ -12,8 +12,14 @@ import pytest
 import torch
 
 from conftest import ENCODINGS, ROOT, isolated_env, tiny_model
-from posab.bench import BIASED, Target, document_structure, peak_memory, skip_note
+from posab.bench.bias import BIASED, skip_note
+from posab.bench.inputs import document_structure
+from posab.bench.measure import peak_memory
+from posab.bench.output import FULL_OUT, QUICK_OUT, output_folder
+from posab.bench.progress import Progress
+from posab.bench.targets import GOALS, Goal, Target, evaluate
 from posab.encodings import Positions
+from posab.encodings.reference import all_pairs_reference
 from tolerances import EPS32, assert_close_to_scale
 
 QUICK_LENGTHS = [64, 128]
@@ -21,18 +27,38 @@ PHASES = ["build", "forward", "forward+backward"]
 
 
 @pytest.fixture(scope="module")
-def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("bench")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`scripts/bench.py --quick` without --out, from an empty folder: (that folder, stdout)."""
+    cwd = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/bench.py"), "--quick", "--out", str(out)],
+        [sys.executable, str(ROOT / "scripts/bench.py"), "--quick"],
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=120,
         env=isolated_env(),
-        cwd=ROOT,
+        cwd=cwd,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    return cwd, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def bench_dir(quick_run: tuple[Path, str]) -> Path:
+    return quick_run[0] / QUICK_OUT
+
+
+def test_quick_run_writes_to_its_scratch_folder_not_results(quick_run: tuple[Path, str]) -> None:
+    cwd, stdout = quick_run
+    assert (cwd / "outputs/bench_quick/bench.md").is_file()
+    assert not (cwd / "results").exists()  # the committed tables are a full run's only
+    assert "quick run: writing to outputs/bench_quick/" in stdout
+    assert "mode | quick" in (cwd / "outputs/bench_quick/bench.md").read_text()
+
+
+def test_output_folder_defaults() -> None:
+    assert output_folder(None, quick=True) == QUICK_OUT == Path("outputs/bench_quick")
+    assert output_folder(None, quick=False) == FULL_OUT == Path("results/bench")
+    assert output_folder(Path("elsewhere"), quick=True) == Path("elsewhere")
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -89,19 +115,18 @@ CASES = [(name, []) for name in BIASED] + [("hierarchical", ["encoding.combine=s
 
 @pytest.mark.parametrize(("name", "overrides"), CASES)
 def test_all_pairs_references_match_the_modules(name: str, overrides: list[str]) -> None:
-    """The benchmark's all-pairs method is the design note's (`reference_bias`): the same bias as the
-    distinct-distance method, in float64 (and in float32 within a few EPS32 of the bias's scale)."""
+    """The benchmark's all-pairs method is the design note's (`posab.encodings.reference`): the same bias
+    as the distinct-distance method, in float64 (and in float32 within a few EPS32 of the bias's scale)."""
     length = 96
     sentence, paragraph = document_structure(2, length, torch.Generator().manual_seed(0))
     pos = Positions.build(length, "cpu", 0, sentence, paragraph)
     encoding = tiny_model(name, *overrides).encoding
-    reference = encoding.reference_bias(pos)
+    reference = all_pairs_reference(encoding)
     assert reference is not None
-    assert_close_to_scale(encoding.bias(pos), reference, rel=64 * EPS32, msg="float32")
+    assert_close_to_scale(encoding.bias(pos), reference(pos), rel=64 * EPS32, msg="float32")
     encoding.double()
-    reference = encoding.reference_bias(pos)
-    assert reference is not None and reference.dtype == torch.float64
-    assert_close_to_scale(encoding.bias(pos), reference, rel=1e-12, msg="float64")
+    assert reference(pos).dtype == torch.float64
+    assert_close_to_scale(encoding.bias(pos), reference(pos), rel=1e-12, msg="float64")
 
 
 def test_peak_memory_sees_a_temporary_tensor() -> None:
@@ -123,3 +148,48 @@ def test_all_pairs_run_is_skipped_when_it_would_not_fit() -> None:
     assert skip_note(None, 4096) == ""
     assert skip_note((2048, 1024.0), 4096) == ""
     assert skip_note((2048, 1e15), 4096).startswith("all-pairs skipped: predicted peak")
+
+
+def test_goals_read_the_tables_generically() -> None:
+    """A goal picks rows by their cells (`longest`: the largest length of those), one target per row."""
+    table = [
+        {"encoding": e, "phase": p, "length": n, "time_ratio": float(n)}
+        for e in ("multiscale", "hierarchical")
+        for p in ("build", "forward")
+        for n in (64, 128)
+    ]
+    goal = Goal(
+        "t", "encoding=multiscale phase=forward length=longest", "time_ratio >= 100", "{phase} L={length}"
+    )
+    (target,) = evaluate({"t": table}, [goal])
+    assert (target.label, target.value, target.bound, target.higher_is_better) == (
+        "forward L=128",
+        128,
+        100,
+        True,
+    )
+    assert target.verdict() == "met"
+    every = Goal("t", "encoding=hierarchical", "time_ratio <= 100", "{phase} {length}")
+    assert [t.verdict() for t in every.targets(table)] == ["met", "missed by 28x"] * 2
+    assert evaluate({"other": table}, [goal]) == []  # a section that did not run: no target
+
+
+def test_every_goal_reads_a_column_of_the_quick_tables(bench_dir: Path) -> None:
+    tables = {p.stem: read_csv(p) for p in bench_dir.glob("section*.csv")}
+    for goal in GOALS:
+        if goal.section in tables:
+            column = goal.condition.split()[0]
+            assert goal.picked(tables[goal.section]) and column in tables[goal.section][0], goal
+
+
+@pytest.mark.parametrize("bad", [("encoding", "ratio >= 1"), ("", "ratio > 1"), ("", "ratio >= many")])
+def test_malformed_goals_are_refused(bad: tuple[str, str]) -> None:
+    with pytest.raises(ValueError):
+        Goal("t", *bad, "label")
+
+
+def test_progress_without_bars_logs_each_case(capsys: pytest.CaptureFixture[str]) -> None:
+    progress = Progress(bars=False)
+    assert list(progress.over([("rope", 64), ("alibi", 128)], "section 3")) == [("rope", 64), ("alibi", 128)]
+    assert capsys.readouterr().err.splitlines() == ["section 3: rope 64", "section 3: alibi 128"]
+    assert list(Progress(bars=True).over([1, 2], "bars")) == [1, 2]

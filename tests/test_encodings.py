@@ -13,6 +13,7 @@ from posab.encodings import Dims, Positions
 from posab.encodings.alibi import ALiBi, alibi_slopes
 from posab.encodings.hierarchical import Hierarchical
 from posab.encodings.multiscale import MultiScale
+from posab.encodings.reference import hierarchical_all_pairs, multiscale_all_pairs
 from posab.encodings.sinusoidal import Sinusoidal
 from posab.errors import ConfigError
 from tolerances import EPS32, assert_close_to_scale, scale_of
@@ -99,20 +100,14 @@ def test_alibi_bias_is_minus_slope_times_distance() -> None:
                 assert math.isclose(float(bias[h, i, j]), -m * (i - j), rel_tol=1e-6)
 
 
-def pairwise_multiscale(enc: MultiScale, length: int) -> torch.Tensor:
-    """The design note's all-pairs evaluation: the MLP on every (i, j), as the slow reference."""
-    i = torch.arange(length)
-    d = (i[:, None] - i[None, :]).flatten().float()  # (L*L,)
-    return enc.distance_mlp(d).view(-1, length, length)  # (H, L*L) -> (H, L, L)
-
-
 def test_multiscale_distinct_distances_equal_all_pairs() -> None:
     torch.manual_seed(0)
     enc = MultiScale(Dims(d_model=32, n_heads=4), num_freqs=8, max_dist=256.0, hidden=16)
-    fast = enc.bias(Positions.build(40))[0]  # float32
+    pos = Positions.build(40)
+    fast = enc.bias(pos)  # float32
     reference = copy.deepcopy(enc).double()
-    slow = pairwise_multiscale(reference, 40)  # the reference: all pairs in float64
-    assert_close_to_scale(reference.bias(Positions.build(40))[0], slow, rel=1e-12, msg="float64")  # identity
+    slow = multiscale_all_pairs(reference, pos)  # the reference: all pairs in float64
+    assert_close_to_scale(reference.bias(pos), slow, rel=1e-12, msg="float64")  # the identity
     # float32: features to a few EPS32, then two layers summing 16 inputs each: observed ~1e-7 of the
     # bias's scale; 1e-5 = 84 EPS32, while a Toeplitz gather off by one distance is ~1e-1 of it
     assert_close_to_scale(fast, slow, rel=1e-5, msg="float32")
@@ -128,22 +123,8 @@ def test_hierarchical_distinct_distances_equal_all_pairs(combine: str) -> None:
     _, sentence, paragraph = structured_batch(length=30)
     pos = Positions.build(30, sentence=sentence, paragraph=paragraph)
     fast = enc.bias(pos)  # (B, H, L, L), float32
-    enc = copy.deepcopy(enc).double()  # the all-pairs reference below runs in float64
-    i = torch.arange(30)
-    coords = {
-        "token": (i[:, None] - i[None, :]).expand(B, 30, 30),
-        "sentence": sentence[:, :, None] - sentence[:, None, :],
-        "paragraph": paragraph[:, :, None] - paragraph[:, None, :],
-    }
-    per_level = [
-        enc.level_mlps[lv](coords[lv].flatten().float()).view(4, B, 30, 30).permute(1, 0, 2, 3)
-        for lv in enc.levels
-    ]  # each (B, H, L, L)
-    if combine == "sum":
-        slow = sum(per_level)
-    else:
-        stacked = torch.stack(per_level, dim=1)  # (B, levels, H, L, L)
-        slow = torch.einsum("lgh,blhij->bgij", enc.mix, stacked)
+    enc = copy.deepcopy(enc).double()
+    slow = hierarchical_all_pairs(enc, pos)  # the reference: every level on all pairs, mixed, in float64
     assert_close_to_scale(enc.bias(pos), slow, rel=1e-12, msg="float64")  # the identity, in float64
     # float32: three levels of MLP (as in the multi-scale test) and a 12-term mix: observed ~1e-7 of the
     # bias's scale; 1e-5 = 84 EPS32, while a level read at the wrong distance is ~1e-1 of it

@@ -14,6 +14,7 @@ from posab.encodings import Dims, Positions
 from posab.encodings.fire import FIRE
 from posab.encodings.kerple import Kerple, inverse_softplus
 from posab.encodings.learned import Learned
+from posab.encodings.reference import fire_all_pairs
 from posab.encodings.t5 import T5Bias, t5_buckets
 from posab.errors import ConfigError
 from posab.run import build_model
@@ -150,12 +151,7 @@ def test_fire_piecewise_linear_equals_the_mlp_on_all_pairs_with_gradients() -> N
     ref = copy.deepcopy(enc).double()
     pos = Positions.build(50, offset=3)
     weights = torch.randn(1, 4, 50, 50).tril()  # a loss on the visible pairs
-
-    def all_pairs(module: FIRE) -> torch.Tensor:
-        x = module.inputs(pos).to(module.log_c.dtype)  # (L, L): `inputs` rounds to float32 in any dtype
-        return module.mlp(x[..., None]).permute(2, 0, 1)[None]  # (L, L, H) -> (1, H, L, L)
-
-    slow = all_pairs(ref)  # the reference: the MLP on every pair, in float64 from the same inputs
+    slow = fire_all_pairs(ref, pos)  # the reference: the MLP on every pair, in float64 from the same inputs
     slow_grads = loss_and_grads(ref, slow, weights)
     # the identity itself, both sides in float64: off by float64 rounding (~1e-16) only
     exact = ref.bias(pos)

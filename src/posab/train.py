@@ -148,7 +148,7 @@ def batches(stream: TokenStream, starts: np.ndarray, length: int, batch_size: in
 
 @torch.inference_mode()
 def validation_loss(
-    model: DecoderLM,
+    model: nn.Module,
     stream: TokenStream,
     starts: np.ndarray,
     length: int,
@@ -242,7 +242,7 @@ class StopSignal:
 class Trainer:
     def __init__(
         self,
-        model: DecoderLM,
+        model: nn.Module,
         sampler: TrainSampler,
         valid: TokenStream,
         cfg: TrainConfig,
@@ -251,7 +251,9 @@ class Trainer:
         checkpoint: Callable[[dict[str, Any], str], None],
         encoding_optimizer: EncodingOptimizer | None = None,
     ) -> None:
-        """`sampler` draws the training batches (this rank's rows); `valid` is the validation split;
+        """`model`: a DecoderLM, or any module called as model(inputs, sentence, paragraph) -> logits (the
+        benchmark times x-transformers' model through this Trainer); `sampler` draws the training batches
+        (this rank's rows); `valid` is the validation split;
         `checkpoint(state, kind)` stores a state (`kind`: latest or best); `encoding_optimizer`: how the
         encoding's parameters are trained (`encoding.lr_mult`, `encoding.weight_decay`)."""
         self.model, self.cfg, self.logger, self.device = model, cfg, logger, device

@@ -114,11 +114,6 @@ class Encoding(nn.Module):
         report columns `params/<key>`), e.g. the rows of a learned table that training reaches."""
         return {}
 
-    def reference_bias(self, pos: Positions) -> Tensor | None:
-        """The bias as its definition reads, computed for every (query, key) pair (1 or B, H, T, T): the slow
-        reference that `bias` must equal (tests, benchmark), or None when there is no separate one."""
-        return None
-
     @contextmanager
     def variant(self, kind: str, factor: float, train_len: int | None = None) -> Iterator[None]:
         """Run as evaluation-time variant `kind` (one of `variants`) at scale factor `factor` >= 1, with

@@ -67,21 +67,6 @@ class Hierarchical(Encoding):
         assert total is not None
         return total
 
-    def reference_bias(self, pos: Positions) -> Tensor | None:
-        """Every level's MLP on every pair's relative coordinate, then the linear mix over (level, head) per
-        pair (or the sum), as the design note writes it: (B, H, L, L)."""
-        units = {"token": pos.token[None], "sentence": pos.sentence, "paragraph": pos.paragraph}
-        total: Tensor | None = None
-        for index, level in enumerate(self.levels):
-            coordinate = units[level] if level == "token" else self._indices(pos, level)  # (1|B, L)
-            assert coordinate is not None
-            bias = self.level_mlps[level].pairwise(coordinate[:, :, None] - coordinate[:, None, :])
-            if self.combine == "mix":
-                bias = torch.einsum("oh,bhij->boij", self.mix[index], bias)
-            total = bias if total is None else total + bias
-        assert total is not None
-        return total
-
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         """Drop `mix_bias` from a checkpoint made before it was removed: a per-head constant, which the
         softmax ignores."""

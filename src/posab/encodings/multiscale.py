@@ -63,12 +63,6 @@ class DistanceMLP(nn.Module):
     def forward(self, d: Tensor) -> Tensor:
         return self.mlp(self.features(d)).transpose(0, 1)  # (N, H) -> (H, N)
 
-    def pairwise(self, relative: Tensor) -> Tensor:
-        """The MLP on every pair's coordinate, as the design note writes it: (B, L, L) -> (B, H, L, L)."""
-        return (
-            self(relative.flatten()).view(-1, *relative.shape).transpose(0, 1)
-        )  # (H, B*L*L) -> (B, H, L, L)
-
 
 class MultiScale(Encoding):
     relative_only = True
@@ -101,14 +95,6 @@ class MultiScale(Encoding):
 
     def bias(self, pos: Positions) -> Tensor:
         return self._pairwise(self.distance_mlp, pos)
-
-    def reference_bias(self, pos: Positions) -> Tensor | None:
-        """b(i - j) evaluated for every (i, j), raw distance input only (None for the other inputs):
-        (1, H, L, L)."""
-        if self.input != "raw":
-            return None
-        token = pos.token[None]  # (L,) -> (1, L)
-        return self.distance_mlp.pairwise(token[:, :, None] - token[:, None, :])
 
     def score_scale(self, pos: Positions) -> Tensor | None:
         if self.gate_mlp is None:

@@ -1,0 +1,28 @@
+"""Performance benchmark: bias construction, training steps, evaluation, a peer library, FLOP/s.
+
+    python scripts/bench.py [--quick] [--out DIR] [--sections 1,2,3,4,5] [--repeats N] [--threads N]
+                            [--no-progress]
+
+Sections (sizes from the composed config: the default model, train.seq_len x train.batch_size, and
+eval.lengths; `--quick` swaps in the tiny model, L=64, batch 2 and lengths 64, 128):
+
+1. The learned biases (multiscale, hierarchical) alone, at every eval length: the distinct-distance method
+   of the modules against the design note's all-pairs method (`posab.encodings.reference`), in three
+   phases: build (inference mode), forward (graph recorded) and forward+backward (a fixed upstream
+   gradient into the MLP weights). Ratios: all-pairs / distinct. (`bias.py`)
+2. One training step for every encoding: `posab.train.Trainer.step` itself (a sampled batch, forward,
+   backward, clipping, AdamW, schedule), on a synthetic token stream; ratio to nope. (`train_step.py`)
+3. One evaluation forward pass (inference mode) for every encoding at every eval length, with the
+   evaluation batch rule max(1, eval.batch_tokens // L). (`eval_forward.py`)
+4. The same Trainer step for x-transformers' model (the `bench` extra) with the same sizes: rope vs its
+   rotary_pos_emb, alibi vs alibi_pos_bias, multiscale vs dynamic_pos_bias; ratio posab / x-transformers.
+   (`peer.py`)
+5. Model FLOP/s of the default model's training step as a share of the measured matmul peak. (`flops.py`)
+
+The goals the tables are held to are data (`targets.py`); `output.py` writes one CSV per section,
+targets.csv and bench.md, into results/bench/ for a full run and outputs/bench_quick/ for a quick one.
+
+Every section runs under the training precision (bf16 autocast where the CPU has native bf16). Times are
+medians of `--repeats` runs after warm-up runs; runs that are compared are interleaved round-robin, so
+that a change in machine load hits all of them alike (`measure.py`).
+"""

@@ -1,0 +1,55 @@
+"""What one benchmark run measures (quick or full sizes, repetitions) and the run config it composes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from posab.config import Config, load_config
+from posab.device import autocast_dtype
+from posab.paths import conf_dir
+
+CPU = torch.device("cpu")
+QUICK_OVERRIDES = (
+    "model=tiny",
+    "train.seq_len=64",
+    "train.batch_size=2",
+    "eval.lengths=[64,128]",
+    "eval.batch_tokens=256",
+    "eval.shift.prefix_lengths=[16,32]",  # below the quick training length
+    "data.needle_rate=0",  # a passkey example needs more than 64 tokens
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one benchmark run measures: config overrides and repetition counts."""
+
+    quick: bool
+    repeats: int
+    warmup: int
+    overrides: tuple[str, ...]
+    matmul_size: int
+
+    @staticmethod
+    def build(quick: bool, repeats: int | None) -> Settings:
+        if quick:
+            return Settings(True, repeats or 1, 1, QUICK_OVERRIDES, 256)
+        return Settings(False, repeats or 5, 2, (), 2048)
+
+    def config(self, encoding: str | None = None) -> Config:
+        """The composed run config with the benchmark's overrides (and `encoding=NAME` when given)."""
+        overrides = [*self.overrides, *([f"encoding={encoding}"] if encoding else [])]
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return load_config(compose(config_name="config", overrides=overrides))
+
+
+def precision(cfg: Config) -> torch.dtype | None:
+    """The autocast dtype training uses on this CPU (None: fp32)."""
+    return autocast_dtype(cfg.train.precision, CPU)
+
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    return "bf16" if dtype == torch.bfloat16 else "fp32"
