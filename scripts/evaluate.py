@@ -1,37 +1,44 @@
 """Re-evaluate a finished run without retraining.
 
-    python scripts/evaluate.py run_dir=outputs/runs/RUN eval.lengths=[512,1024,2048,4096,8192]
-    python scripts/evaluate.py run_dir=RUN eval.perplexity.stride=256 eval.needle.enabled=false out=DIR
+    python scripts/evaluate.py outputs/runs/RUN eval.lengths=[512,1024,2048,4096,8192]
+    python scripts/evaluate.py RUN eval.perplexity.stride=256 eval.needle.enabled=false --out DIR
 
 Overrides may change `eval.*`, `train.device`, `train.precision` and where the data is
-(`data.path`, `data.cache_dir`); the results go to RUN/eval/<time>/ (or `out=DIR`).
+(`data.path`, `data.cache_dir`); the results go to RUN/eval/<time>/ (or --out DIR), and the run's
+end-of-run table is printed for them.
 """
 
-import json
+import argparse
 import sys
+import time
 from pathlib import Path
 
 from posab.errors import ConfigError
-from posab.results import scalars
 from posab.run import reevaluate
+from posab.summary import summary_text
 
 
-def parse(argv: list[str]) -> tuple[Path, list[str], Path | None]:
-    named = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in argv if a.startswith(("run_dir=", "out="))}
-    if "run_dir" not in named:
-        raise ConfigError("usage: python scripts/evaluate.py run_dir=RUN_DIR [eval.KEY=VALUE ...] [out=DIR]")
-    overrides = [a for a in argv if not a.startswith(("run_dir=", "out="))]
-    out = Path(named["out"]) if "out" in named else None
-    return Path(named["run_dir"]), overrides, out
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("run_dir", type=Path, help="a finished run's directory (config.yaml, checkpoint.pt)")
+    parser.add_argument(
+        "overrides", nargs="*", help="KEY=VALUE: eval.*, train.device, train.precision, data.*"
+    )
+    parser.add_argument("--out", type=Path, help="folder for the results (default RUN_DIR/eval/<time>)")
+    return parser.parse_args(argv)
 
 
 def main() -> None:
+    args = parse(sys.argv[1:])
+    out = args.out or args.run_dir / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
     try:
-        results = reevaluate(*parse(sys.argv[1:]))
+        results = reevaluate(args.run_dir, args.overrides, out)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    print(json.dumps(scalars(results), indent=1))
+    print(summary_text({"eval": results}, out))
 
 
 if __name__ == "__main__":

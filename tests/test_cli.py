@@ -36,6 +36,13 @@ def test_train_every_encoding(encoding: str, tmp_path: Path) -> None:
     assert (run / "checkpoint.pt").stat().st_size > 0
     assert f"name: {encoding}" in (run / "config.yaml").read_text()
     assert any('"val/loss"' in line for line in (run / "metrics.jsonl").read_text().splitlines())
+    table = proc.stdout[proc.stdout.index("posab: ") :].splitlines()  # the end-of-run table, last
+    assert table[0].startswith(f"posab: {encoding}, finished, seed 0")
+    for label, key in (("ppl ", "ppl/{}"), ("needle gain", "needle/gain@{}")):
+        row = next(line for line in table if line.startswith(label)).removeprefix(label).split()
+        expected = [results["eval"][key.format(n)] for n in (128, 256)]
+        assert [float(cell) for cell in row] == pytest.approx(expected, abs=0.05)
+    assert f"run directory: {run}" in table and any("scripts/report.py" in line for line in table)
 
 
 def test_train_on_a_text_folder(tmp_path: Path) -> None:
@@ -99,7 +106,7 @@ def test_reevaluating_a_checkpoint_gives_the_numbers_of_the_run(tmp_path: Path) 
     trained = json.loads((run / "results.json").read_text())["eval"]
     assert {"ppl/128", "needle/acc", "shift/offset64/kl", "shift/prefix16/dloss"} <= set(trained)
     assert (run / "needle_heatmap.png").stat().st_size > 0
-    script = [str(ROOT / "scripts" / "evaluate.py"), f"run_dir={run}", f"out={tmp_path / 'again'}"]
+    script = [str(ROOT / "scripts" / "evaluate.py"), str(run), "--out", str(tmp_path / "again")]
     again = subprocess.run([sys.executable, *script], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     reevaluated = json.loads((tmp_path / "again" / "results.json").read_text())["eval"]
@@ -108,7 +115,11 @@ def test_reevaluating_a_checkpoint_gives_the_numbers_of_the_run(tmp_path: Path) 
         [sys.executable, *script, "eval.lengths=[128,512]"], capture_output=True, text=True
     )
     assert longer.returncode == 0, longer.stderr[-2000:]
-    assert '"ppl/512"' in longer.stdout
+    longer_eval = json.loads((tmp_path / "again" / "results.json").read_text())["eval"]
+    table = longer.stdout.splitlines()  # the end-of-run table, for the re-evaluation
+    assert next(line for line in table if line.startswith("length")).split()[1:] == ["128", "512"]
+    ppl = next(line for line in table if line.startswith("ppl "))
+    assert float(ppl.split()[2]) == pytest.approx(longer_eval["ppl/512"], abs=0.005)
 
 
 @pytest.mark.parametrize("content", [b"", bytes(range(256)) * 8])

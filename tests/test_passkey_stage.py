@@ -157,8 +157,9 @@ def test_a_run_with_the_stage(tmp_path: Path) -> None:
     # re-evaluation scores each evaluator on the model it measured: the LM, and the stage's for the needle
     script = [
         str(ROOT / "scripts" / "evaluate.py"),
-        f"run_dir={tmp_path / 'staged'}",
-        f"out={tmp_path / 'again'}",
+        str(tmp_path / "staged"),
+        "--out",
+        str(tmp_path / "again"),
     ]
     again = subprocess.run([sys.executable, *script], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]

@@ -37,6 +37,7 @@ from posab.passkey_stage import PasskeyStage
 from posab.paths import source_root
 from posab.plots import save_figure
 from posab.results import flatten
+from posab.summary import summary_text
 from posab.train import Trainer
 from posab.wandb_logger import RUN_ID_FILE, WandbLogger
 
@@ -178,6 +179,7 @@ def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict
         write_json(run_dir / "results.json", results)
         if logger is not None:
             logger.finish(results["status"])
+    print(summary_text(results, run_dir), flush=True)  # after W&B's own summary, the numbers that matter
     return results
 
 
@@ -474,8 +476,9 @@ def table_csv(table: Table) -> str:
 REEVAL_PREFIXES = ("eval.", "train.device=", "train.precision=", "data.cache_dir=", "data.path=")
 
 
-def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path | None = None) -> dict[str, Any]:
-    """Evaluate a finished run's checkpoint again, with other evaluation settings, without retraining."""
+def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path) -> dict[str, Any]:
+    """Evaluate a finished run's checkpoint again, with other evaluation settings, without retraining;
+    the results, metrics and evaluators' files go into `out_dir`."""
     bad = [o for o in overrides if not o.startswith(REEVAL_PREFIXES)]
     if bad:
         raise ConfigError(f"cannot change {bad} when re-evaluating; allowed: {', '.join(REEVAL_PREFIXES)}")
@@ -488,7 +491,6 @@ def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path | None = None)
     check_eval_lengths(cfg, eval_split(cfg, data))
     model = build_model(cfg, data.vocab_size).to(device)
     ctx = eval_context(cfg, model, data, device, autocast_dtype(cfg.train.precision, device))
-    out_dir = out_dir or run_dir / "eval" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     logger = JsonlLogger(out_dir / "metrics.jsonl")
     staged = (run_dir / CHECKPOINTS["passkey"]).is_file()  # the needle measured the stage's model

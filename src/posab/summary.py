@@ -1,0 +1,95 @@
+"""The short table a run (and `scripts/evaluate.py`) ends with: the numbers the run exists for.
+
+Perplexity, tail and capped perplexity and needle accuracy and gain at each evaluation length; the shift
+figures at each k; wall time, the run directory and the next commands. It reads results.json's scalars
+only (no torch), so it prints the same table for a run and for its re-evaluation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from posab.results import is_number
+
+LENGTH_ROWS = (  # (label, key pattern with {} for the length, format)
+    ("ppl", "ppl/{}", ".2f"),
+    ("ppl tail", "ppl_tail/{}", ".2f"),
+    ("ppl capped", "ppl_capped/{}", ".2f"),
+    ("needle acc", "needle/acc@{}", ".2f"),
+    ("needle gain", "needle/gain@{}", ".1f"),
+)
+SHIFT_ROWS = (  # (label, shift kind, metric, format)
+    ("offset max|Δlogit|", "offset", "max_abs_logit", ".3g"),
+    ("offset top-1 agree", "offset", "top1_agree", ".3f"),
+    ("prefix Δloss", "prefix", "dloss", "+.3f"),
+    ("context Δloss", "context", "dloss", "+.3f"),
+)
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return format(float(value), fmt) if is_number(value) else "–"
+
+
+def _numbers(keys: Sequence[str], pattern: str) -> list[int]:
+    """The integers that fill `pattern`'s {} among the keys, sorted."""
+    regex = re.compile(re.escape(pattern).replace(r"\{\}", r"(\d+)"))
+    return sorted({int(m.group(1)) for k in keys if (m := regex.fullmatch(k))})
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Left-aligned first column, right-aligned numbers, two spaces between columns."""
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in (header, *rows)
+    ]
+
+
+def length_table(scalars: Mapping[str, Any]) -> list[str]:
+    lengths = _numbers(list(scalars), "ppl/{}") or _numbers(list(scalars), "needle/acc@{}")
+    rows = [
+        [label, *(_cell(scalars.get(key.format(n)), fmt) for n in lengths)]
+        for label, key, fmt in LENGTH_ROWS
+        if any(key.format(n) in scalars for n in lengths)
+    ]
+    return text_table(["length", *map(str, lengths)], rows) if rows else []
+
+
+def shift_table(scalars: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for label, kind, metric, fmt in SHIFT_ROWS:
+        ks = _numbers(list(scalars), f"shift/{kind}{{}}/{metric}")
+        if ks:
+            cells = [f"k={k}: {_cell(scalars[f'shift/{kind}{k}/{metric}'], fmt)}" for k in ks]
+            lines.append(f"{label:<20}" + "   ".join(cells))
+    return lines
+
+
+def next_commands(run_dir: Path) -> list[str]:
+    commands = [f"python scripts/report.py {run_dir} --out results/NAME   # tables and plots"]
+    commands += [f"wandb sync {path}" for path in sorted(run_dir.glob("wandb/offline-run-*"))]
+    return commands
+
+
+def summary_text(results: Mapping[str, Any], run_dir: Path) -> str:
+    """The end-of-run table from a results.json dict (a run's, or a re-evaluation's with only `eval`)."""
+    scalars = {k: v for k, v in (results.get("eval") or {}).items() if is_number(v)}
+    head = [str(results[k]) for k in ("encoding", "status") if k in results]
+    if "seed" in results:
+        head.append(f"seed {results['seed']}")
+    for key, label, fmt in (("val_loss", "val loss", ".3f"), ("wall_time_s", "wall", ".0f")):
+        if is_number(results.get(key)):
+            head.append(
+                f"{label} {format(float(results[key]), fmt)}" + (" s" if key == "wall_time_s" else "")
+            )
+    lines = ["", "posab: " + (", ".join(head) or "evaluation"), *length_table(scalars)]
+    shift = shift_table(scalars)
+    if shift:
+        lines += ["shift (inputs within the training length):", *shift]
+    lines += [f"run directory: {run_dir}", "next:", *(f"  {c}" for c in next_commands(run_dir)), ""]
+    return "\n".join(lines)
