@@ -2,7 +2,8 @@
 
 `torchrun --nproc_per_node=N train.py ...` starts N processes with RANK / WORLD_SIZE in the environment.
 Every rank draws the same global batch of windows and takes its own shard, DDP averages the gradients,
-and only rank 0 logs and writes files. Without torchrun everything here is a no-op (world size 1).
+and only rank 0 logs, writes files and shows progress bars. Without torchrun everything here is a no-op
+(world size 1).
 """
 
 from __future__ import annotations
@@ -10,12 +11,16 @@ from __future__ import annotations
 import atexit
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 RUN_STAMP = "POSAB_RUN_STAMP"  # read by conf/config.yaml's hydra.run.dir, so that all ranks share one dir
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,14 @@ def world() -> World:
     if "RANK" not in env and int(env.get("SLURM_NTASKS", 1)) > 1:
         return World(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)))
     return World(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+
+
+def progress_bar(items: Iterable[T] | None, desc: str, enabled: bool, **options: Any) -> tqdm[T]:
+    """A tqdm bar over `items` (None: updated by hand, `total` in `options`), on stderr, shown only when
+    `enabled` (a `progress` setting) and only on rank 0; it never changes what is computed. `leave=False`
+    for an inner bar, cleared when done."""
+    disable = not (enabled and world().is_main)
+    return tqdm(items, desc=desc, disable=disable, dynamic_ncols=True, **options)
 
 
 def export_slurm_rank(w: World) -> None:

@@ -18,7 +18,8 @@ at the curriculum's last length (drawn once, fresh keys, their own generator) is
 `passkey/acc` logged: whether retrieval at the training length is stable from checkpoint to checkpoint.
 The stage
 checkpoints into `checkpoint_passkey.pt` every `checkpoint_every` steps and at its end, and a rerun of
-the command resumes it there (SIGTERM stops it cleanly, as in training).
+the command resumes it there (SIGTERM stops it cleanly, as in training). With `progress`, a tqdm bar
+over the stage's steps shows the current length and key loss (rank 0 only).
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from posab.data import Batch, TokenStream
 from posab.data.passkey import passkey_batch
 from posab.data.tokenizer import Tokenizer
 from posab.device import autocast
+from posab.distributed import progress_bar
 from posab.errors import Preempted, require
 from posab.logging import Logger
 from posab.model import DecoderLM
@@ -59,6 +62,7 @@ class PasskeyStageConfig:
     checkpoint_every: int = 100
     probe_every: int = 50  # 0: no probe
     probe_examples: int = 32
+    progress: bool = True  # a tqdm bar over the stage's steps (rank 0 only), with the length and key loss
 
     def validate(self, train_len: int) -> None:
         """Check the curriculum against the training length: the stage never goes past it."""
@@ -204,14 +208,16 @@ class PasskeyStage:
         """Run the remaining steps; returns the stage's summary for results.json."""
         cfg, progress = self.cfg, self.progress
         self.model.train()
+        steps = range(progress.step, cfg.total_steps)
+        bar = progress_bar(steps, "passkey", cfg.progress, initial=progress.step, total=cfg.total_steps)
         with StopSignal() as stop:
-            while progress.step < cfg.total_steps:
+            for _ in bar:
                 started = time.perf_counter()
                 loss = self.step()
                 progress.time_s += time.perf_counter() - started
                 progress.step += 1
                 progress.recent_losses = (progress.recent_losses + [loss])[-cfg.log_every :]
-                self._after_step(stop)
+                self._after_step(stop, bar)
         self.model.eval()
         return {
             "steps": cfg.total_steps,
@@ -231,13 +237,14 @@ class PasskeyStage:
         self.progress.probes.append([self.progress.step, accuracy])
         return accuracy
 
-    def _after_step(self, stop: StopSignal) -> None:
+    def _after_step(self, stop: StopSignal, bar: tqdm) -> None:
         progress, cfg = self.progress, self.cfg
         done, last = progress.step, progress.step == cfg.total_steps
         metrics: dict[str, float] = {}
         if done % cfg.log_every == 0 or last:
             metrics["train/needle_loss"] = float(np.mean(progress.recent_losses))
             metrics["passkey/length"] = cfg.length_at(done - 1)
+            bar.set_postfix(length=metrics["passkey/length"], key_loss=f"{metrics['train/needle_loss']:.3f}")
         if cfg.probe_every and (done % cfg.probe_every == 0 or last):
             metrics["passkey/acc"] = self._probe()
         if metrics:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from posab.data import Batch, TokenStream, TrainSampler
 from posab.device import autocast, autocast_dtype
-from posab.distributed import any_rank, mean_across_ranks, sum_across_ranks, world
+from posab.distributed import any_rank, mean_across_ranks, progress_bar, sum_across_ranks, world
 from posab.encodings import EncodingOptimizer
 from posab.errors import Preempted, TrainingError, require, require_positive
 from posab.logging import Logger
@@ -333,14 +333,8 @@ class Trainer:
             return TrainResult(math.nan, progress.val_loss, 0.0, 0, 0, 0.0)
         self.model.train()
         tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len
-        bar = tqdm(
-            range(progress.step, cfg.steps),
-            initial=progress.step,
-            total=cfg.steps,
-            desc="train",
-            disable=not cfg.progress,
-            dynamic_ncols=True,
-        )
+        steps = range(progress.step, cfg.steps)
+        bar = progress_bar(steps, "train", cfg.progress, initial=progress.step, total=cfg.steps)
         with StopSignal() as stop:
             for _ in bar:
                 lr = self.scheduler.get_last_lr()[0]

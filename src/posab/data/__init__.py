@@ -63,7 +63,7 @@ def prepare_data(cfg: DataConfig) -> CorpusData:
         log.info("tokenizing corpus into %s", folder)
         docs = load_documents(cfg)
         tokenizer = build_tokenizer(cfg, docs["train"])
-        publish(folder, encode_splits(docs, tokenizer), identity, tokenizer)
+        publish(folder, encode_splits(docs, tokenizer, cfg.progress), identity, tokenizer)
         streams = load_cached(folder)
         assert streams is not None
     return CorpusData(tokenizer=load_tokenizer(cfg, folder), streams=streams, cache_dir=folder)

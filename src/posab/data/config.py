@@ -32,6 +32,7 @@ class DataConfig:
     vocab_size: int = 4096  # bpe: ids in all (256 bytes, 4 anchors, merges); at most 65536
     needle_rate: float = 0.05  # share of training windows that are passkey examples (0 turns it off)
     cache_dir: str = ".cache/posab"
+    progress: bool = True  # tqdm bars (rank 0 only) while hashing corpus files and tokenizing
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def validate(self) -> None:

@@ -19,15 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from posab.data.config import DataConfig
 from posab.data.synthetic import SyntheticSpec, generate_corpus
+from posab.distributed import progress_bar
 from posab.errors import ConfigError
 
 SPLITS = ("train", "valid", "test")
 SPLIT_ALIASES = {"train": "train", "valid": "valid", "validation": "valid", "val": "valid", "test": "test"}
 UNSPLIT = "unsplit"  # documents not yet split (`all` is reserved by `datasets`)
 WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
+HASH_CHUNK = 1 << 24  # bytes read at a time while hashing a corpus file
 
 
 def corpus_identity(cfg: DataConfig) -> dict[str, Any]:
@@ -35,14 +38,14 @@ def corpus_identity(cfg: DataConfig) -> dict[str, Any]:
     if cfg.source == "synthetic":
         return {"source": "synthetic", **asdict(cfg.synthetic)}
     if cfg.source == "text":
-        return {"source": "text", "files": _fingerprint(_split_files(cfg))}
+        return {"source": "text", "files": _fingerprint(_split_files(cfg), cfg.progress)}
     local = _local_hub_files(cfg) if cfg.hub_local_dir else {}
     return {
         "source": "hub",
         "dataset": cfg.hub_dataset,
         "subset": cfg.hub_subset,
         "field": cfg.text_field,
-        "local": _fingerprint(local),
+        "local": _fingerprint(local, cfg.progress),
     }
 
 
@@ -99,11 +102,22 @@ def _split_files(cfg: DataConfig) -> dict[str, list[Path]]:
     return files
 
 
-def _fingerprint(files: dict[str, list[Path]]) -> dict[str, list[list[str]]]:
-    return {
-        split: [[p.name, hashlib.sha1(p.read_bytes()).hexdigest()] for p in paths]
-        for split, paths in sorted(files.items())
-    }
+def _fingerprint(files: dict[str, list[Path]], progress: bool) -> dict[str, list[list[str]]]:
+    """[name, sha1] of every file, by split; a progress bar counts the bytes hashed (`data.progress`)."""
+    size = sum(p.stat().st_size for paths in files.values() for p in paths)
+    show = progress and size > 0
+    with progress_bar(None, "hashing corpus", show, total=size, unit="B", unit_scale=True) as bar:
+        return {split: [[p.name, _sha1(p, bar)] for p in paths] for split, paths in sorted(files.items())}
+
+
+def _sha1(path: Path, bar: tqdm) -> str:
+    """The file's sha1, read in chunks, each counted on `bar`."""
+    digest = hashlib.sha1()
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    return digest.hexdigest()
 
 
 def _load_text(cfg: DataConfig) -> dict[str, list[str]]:

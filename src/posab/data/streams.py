@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from posab.data.tokenizer import Encoded, Tokenizer, concatenate
+from posab.distributed import progress_bar
 from posab.errors import ConfigError
 
 CACHE_FORMAT = 2  # 2: the document index of every token (`<split>.document.npy`)
@@ -165,10 +166,19 @@ class EncodedSplit:
     document: np.ndarray
 
 
-def encode_splits(docs: dict[str, list[str]], tokenizer: Tokenizer) -> dict[str, EncodedSplit]:
-    out = {}
-    for split, texts in docs.items():
-        parts = [tokenizer.encode(doc) for doc in texts]
-        document = np.repeat(np.arange(len(parts), dtype=np.int32), [len(p) for p in parts])  # (N,)
-        out[split] = EncodedSplit(concatenate(parts), document)
-    return out
+def encode_splits(
+    docs: dict[str, list[str]], tokenizer: Tokenizer, progress: bool
+) -> dict[str, EncodedSplit]:
+    """Each split's documents encoded; a progress bar per split (`data.progress`) counts the characters."""
+    return {split: encode_split(split, texts, tokenizer, progress) for split, texts in docs.items()}
+
+
+def encode_split(split: str, texts: list[str], tokenizer: Tokenizer, progress: bool) -> EncodedSplit:
+    parts = []
+    size, desc = sum(map(len, texts)), f"tokenizing {split}"
+    with progress_bar(None, desc, progress and size > 0, total=size, unit="char", unit_scale=True) as bar:
+        for doc in texts:
+            parts.append(tokenizer.encode(doc))
+            bar.update(len(doc))
+    document = np.repeat(np.arange(len(parts), dtype=np.int32), [len(p) for p in parts])  # (N,)
+    return EncodedSplit(concatenate(parts), document)

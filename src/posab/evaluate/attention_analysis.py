@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from posab.attention import AttentionInputs
 from posab.errors import require
@@ -108,10 +107,13 @@ class AttentionAnalysis(Evaluator[AnalysisConfig]):
         }
         grid.update(entropy=[], distance=[])
         scalars: dict[str, float] = {}
-        for length in tqdm(lengths, desc="attention", disable=not ctx.cfg.progress):
+        for length in ctx.bar(lengths, "attention", unit="length"):
             started = time.perf_counter()
             starts = ctx.valid.fixed_windows(length, self.cfg.windows)
-            windows = [window_statistics(ctx, int(s), length) for s in starts]  # (2, layers, H) each
+            windows = [  # (2, layers, H) each
+                window_statistics(ctx, int(s), length)
+                for s in ctx.bar(starts, f"attention L={length}", inner=True, unit="window")
+            ]
             stats = torch.stack(windows).mean(0)  # (2, layers, H)
             for name, values in zip(("entropy", "distance"), stats.tolist(), strict=True):
                 grid[name].append(values)

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from posab.data import TokenStream
 from posab.data.tokenizer import Tokenizer, byte_lengths
 from posab.device import autocast
+from posab.distributed import progress_bar
 from posab.encodings.rope import SCALINGS
 from posab.errors import require
 from posab.model import DecoderLM, Observer
 
 SPLITS = ("valid", "test")
+T = TypeVar("T")
 
 
 @dataclass
@@ -27,7 +32,7 @@ class EvalSettings:
     lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
     split: str = "valid"  # the text scored: valid (tuning, selection) | test (a study's final numbers)
     batch_tokens: int = 16384  # batch size per length = max(1, batch_tokens // length)
-    progress: bool = True
+    progress: bool = True  # tqdm bars on stderr (rank 0 only): per length / cell / shift, and inner ones
     # encodings with evaluation-time variants (RoPE), at lengths past the training length: extra rows
     # `ppl@KIND/L` (see `Encoding.variants`)
     rope_scaling: list[str] = field(default_factory=lambda: ["none", "pi", "ntk", "yarn"])
@@ -61,6 +66,11 @@ class EvalContext:
     def token_bytes(self) -> np.ndarray:
         """(V,) the text bytes each token id stands for (0 for the anchors), computed once."""
         return byte_lengths(self.tokenizer)
+
+    def bar(self, items: Iterable[T], desc: str, inner: bool = False, **options: Any) -> tqdm[T]:
+        """A progress bar over `items` when `eval.progress` is on, on rank 0 only; an `inner` bar (the
+        forward passes within one length or cell) is cleared when done."""
+        return progress_bar(items, desc, self.cfg.progress, leave=not inner, **options)
 
     def batch_size(self, length: int) -> int:
         """Sequences per forward pass at `length`, so that memory stays bounded at long lengths."""

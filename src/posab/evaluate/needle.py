@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from posab.attention import AttentionInputs
 from posab.data.passkey import (
@@ -174,11 +173,11 @@ def score_examples(
     ctx: EvalContext, examples: list[PasskeyExample], key_digits: int, attention: bool = False
 ) -> Scores:
     """`score_batch` over examples of one length, `ctx.batch_size` of them per forward pass (with the
-    attention mass on the needle when `attention`)."""
+    attention mass on the needle when `attention`), counted by an inner progress bar."""
     length = len(examples[0]) - 1
     size = ctx.batch_size(length)
     parts = []
-    for i in range(0, len(examples), size):
+    for i in ctx.bar(range(0, len(examples), size), f"needle L={length}", inner=True, unit="batch"):
         chunk = examples[i : i + size]
         needle = needle_mask(chunk, length) if attention else None
         parts.append(score_batch(ctx, examples_batch(chunk), key_digits, needle))
@@ -274,7 +273,7 @@ class Needle(Evaluator[NeedleConfig]):
         shape = (len(lengths), len(n.depths))
         cells = Cells(np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros((*shape, n.key_digits)))
         grid = [(i, j) for i in range(len(lengths)) for j in range(len(n.depths))]
-        for i, j in tqdm(grid, desc="needle", disable=not ctx.cfg.progress):
+        for i, j in ctx.bar(grid, "needle", unit="cell"):
             examples = cell_examples(ctx, n, lengths[i], j)
             scores = score_examples(ctx, examples, n.key_digits, attention=True)
             controls = control_examples(ctx, n, lengths[i], j, examples)

@@ -42,7 +42,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm import tqdm
 
 from posab.errors import require
 from posab.evaluate.base import Evaluator, SectionConfig
@@ -88,11 +87,13 @@ def chunk_starts(window_starts: np.ndarray, longest: int, length: int) -> np.nda
     return (window_starts[:, None] + offsets[None, :]).reshape(-1)  # (N, k) -> (N * k,)
 
 
-def token_losses(ctx: EvalContext, starts: np.ndarray, length: int) -> Tensor:
-    """Per-token loss of each window: (N, L) float32 on the CPU."""
+def token_losses(ctx: EvalContext, starts: np.ndarray, length: int, desc: str = "ppl") -> Tensor:
+    """Per-token loss of each window: (N, L) float32 on the CPU; an inner progress bar `desc` counts the
+    batches."""
     rows = []
-    for i in range(0, len(starts), ctx.batch_size(length)):
-        batch = ctx.valid.batch(starts[i : i + ctx.batch_size(length)], length)
+    size = ctx.batch_size(length)
+    for i in ctx.bar(range(0, len(starts), size), desc, inner=True, unit="batch"):
+        batch = ctx.valid.batch(starts[i : i + size], length)
         logits = ctx.logits(batch.inputs, batch.sentence, batch.paragraph)  # (B, L, V)
         loss = F.cross_entropy(
             logits.flatten(0, 1), batch.targets.flatten().to(logits.device), reduction="none"
@@ -115,7 +116,7 @@ def sliding_loss(ctx: EvalContext, length: int, stride: int, span: int) -> float
     """
     span = min(span, len(ctx.valid) - 1)
     starts = np.arange(0, max(1, span - length + 1), stride)
-    losses = token_losses(ctx, starts, min(length, span))  # (N, L)
+    losses = token_losses(ctx, starts, min(length, span), f"ppl sliding L={length}")  # (N, L)
     total = float(losses[0].sum())
     count = losses.shape[1]
     scored_tail = min(stride, losses.shape[1])
@@ -157,7 +158,7 @@ def scaled_losses(ctx: EvalContext, starts: np.ndarray, length: int) -> dict[str
     out: dict[str, Tensor] = {}
     for kind in kinds:
         with encoding.variant(kind, factor, ctx.train_len):
-            out[kind] = token_losses(ctx, starts, length)
+            out[kind] = token_losses(ctx, starts, length, f"ppl@{kind} L={length}")
     return out
 
 
@@ -168,7 +169,8 @@ def capped_tail_losses(ctx: EvalContext, starts: np.ndarray, length: int, stride
     ends = [*range(cap + stride, length, stride), length]  # exclusive block ends within the chunk
     firsts = [cap, *ends[:-1]]
     windows = (starts[:, None] + (np.asarray(ends) - cap)[None, :]).reshape(-1)  # (N, blocks) -> (N*blocks,)
-    losses = token_losses(ctx, windows, cap).view(len(starts), len(ends), cap)  # (N*blocks, T) -> (N, b, T)
+    losses = token_losses(ctx, windows, cap, f"ppl capped L={length}")  # (N * blocks, T)
+    losses = losses.view(len(starts), len(ends), cap)  # (N * blocks, T) -> (N, blocks, T)
     blocks = [
         losses[:, b, cap - (end - first) :] for b, (first, end) in enumerate(zip(firsts, ends, strict=True))
     ]
@@ -185,7 +187,7 @@ class LengthLosses:
 
 
 def length_losses(ctx: EvalContext, cfg: PerplexityConfig, starts: np.ndarray, length: int) -> LengthLosses:
-    full = token_losses(ctx, starts, length)  # (N * k, L)
+    full = token_losses(ctx, starts, length, f"ppl L={length}")  # (N * k, L)
     if length <= ctx.train_len:
         return LengthLosses(full, None, None)
     capped = capped_tail_losses(ctx, starts, length, cfg.capped_stride)
@@ -273,7 +275,7 @@ class Perplexity(Evaluator[PerplexityConfig]):
         windows = ctx.valid.fixed_windows(longest, window_count(self.cfg, longest))  # (N,)
         results: dict[str, Any] = {}
         arrays: dict[str, np.ndarray] = {"starts": windows.astype(np.int64)}
-        for length in tqdm(lengths, desc="perplexity", disable=not ctx.cfg.progress):
+        for length in ctx.bar(lengths, "perplexity", unit="length"):
             rows, per_window_losses = length_rows(ctx, self.cfg, windows, length)
             results.update(rows)
             arrays.update(per_window_losses)

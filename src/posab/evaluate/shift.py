@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from posab.data import Batch, TokenStream
 from posab.errors import ConfigError, require
@@ -253,7 +252,8 @@ def shift_metrics(ctx: EvalContext, cfg: ShiftConfig) -> dict[tuple[str, int], d
     full = alone(ctx, windows)  # (W, T, V)
     out: dict[tuple[str, int], Agreement] = {}
     shifts = [("offset", k) for k in cfg.offsets] + [("prefix", k) for k in cfg.prefix_lengths]
-    for kind, k in tqdm(shifts, desc="shift", disable=not ctx.cfg.progress):
+    # a step: 1 (offset) or 1 + prefixes (prefix) passes over the windows, at the training length: quick
+    for kind, k in ctx.bar(shifts, "shift", unit="shift"):
         if kind == "offset":
             out[kind, k] = compared(Agreement(), full, windows, forward_rows(ctx, windows, no_prefix(), k))
         else:

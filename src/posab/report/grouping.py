@@ -29,8 +29,10 @@ IGNORED_KEYS = (
     "data.path",
     "data.cache_dir",
     "data.hub_local_dir",
+    "data.progress",
     "train.progress",
     "eval.progress",
+    "passkey.progress",
 )
 
 
