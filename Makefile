@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # (on this project's machines it lies on disk). Override e.g. TORCH_SPEC="torch" for a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test test-all lint clean
+.PHONY: setup run test test-fast test-e2e test-all lint clean
 
 setup: $(VENV)/.installed
 
@@ -19,8 +19,20 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	$(BIN)/python train.py $(ARGS)
 
+# Two tiers (README, "Tests"): the fast tier runs in-process (what plain `pytest` runs); the e2e tier runs
+# train.py, torchrun, the scripts and `wandb leet` in subprocesses. `make test` (and CI) runs both, fast first.
+FAST_TESTS := -m "not slow and not e2e"
+E2E_TESTS := -m "e2e and not slow"
+
 test: setup
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q $(FAST_TESTS) $(ARGS)
+	$(BIN)/python -m pytest -q $(E2E_TESTS) $(ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -q $(FAST_TESTS) $(ARGS)
+
+test-e2e: setup
+	$(BIN)/python -m pytest -q $(E2E_TESTS) $(ARGS)
 
 test-all: setup
 	$(BIN)/python -m pytest -q -m "slow or not slow" $(ARGS)

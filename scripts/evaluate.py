@@ -27,7 +27,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "overrides", nargs="*", help="KEY=VALUE: eval.*, train.device, train.precision, data.*"
     )
     parser.add_argument("--out", type=Path, help="folder for the results (default RUN_DIR/eval/<time>)")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def main() -> None:

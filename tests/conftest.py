@@ -1,18 +1,28 @@
-"""Shared helpers: every encoding is discovered from conf/encoding/*.yaml, so a new one is tested at once."""
+"""Shared helpers: every encoding is discovered from conf/encoding/*.yaml, so a new one is tested at once.
+
+Two tiers: the fast tier runs in this process; a test that starts this venv's Python or one of its tools
+(train.py, torchrun, scripts/, `wandb leet`) in a subprocess is marked `e2e`, and the guard below fails a
+test that does so unmarked (module fixtures included: they run during their first test's setup).
+"""
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from posab import run
 from posab.build import build_model
 from posab.config import Config, load_config
 from posab.data import CorpusData, DataConfig, SyntheticConfig, prepare_data
@@ -23,11 +33,23 @@ from posab.paths import encoding_names
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 ENCODINGS = encoding_names(CONF)
+# In-process tests use one torch thread: their tensors are tiny, so a second thread saves nothing on an idle
+# machine, and on a busy one threads that wait for each other make them many times slower. (Subprocess runs
+# choose their own count, as a user's do.)
+TEST_THREADS = 1
+torch.set_num_threads(TEST_THREADS)
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides or [])
+    """The config `python train.py OVERRIDES` composes. Composed once per distinct overrides (Hydra takes
+    ~0.1 s a time, and the fast tier asks ~360 times for ~170 configs); each caller gets its own copy."""
+    return copy.deepcopy(_composed(tuple(overrides or [])))
 
 
 def typed_config(overrides: list[str] | None = None) -> Config:
@@ -42,6 +64,15 @@ def tiny_model(encoding: str, *overrides: str, seed: int = 0) -> DecoderLM:
     return build_model(cfg, VOCAB_SIZE).eval()
 
 
+def run_main(overrides: list[str], run_dir: Path) -> dict[str, Any]:
+    """In-process `python train.py OVERRIDES`: posab.run.main on the config train.py composes, with the
+    JSONL logger (unless `overrides` choose one) on TEST_THREADS threads, writing into `run_dir`. A bad
+    input raises its ConfigError (train.py prints it on one line and exits with 2: tests/test_cli.py)."""
+    logger = [] if any(o.startswith("logger=") for o in overrides) else ["logger=jsonl"]
+    cfg = compose_config([*logger, f"threads={TEST_THREADS}", *overrides])
+    return run.main(cfg, run_dir)
+
+
 def isolated_env() -> dict[str, str]:
     """The environment for subprocess runs: W&B offline, its staging and cache folders in a temp folder."""
     scratch = Path(tempfile.gettempdir()) / "posab-tests-wandb"
@@ -52,6 +83,39 @@ def isolated_env() -> dict[str, str]:
         "WANDB_DATA_DIR": str(scratch / "data"),
         "WANDB_CACHE_DIR": str(scratch / "cache"),
     }
+
+
+def venv_program(args: object, executable: object = None) -> str | None:
+    """The program a Popen call starts when it is this venv's Python or a tool beside it, else None."""
+    if executable is not None:
+        program = os.fsdecode(executable)  # type: ignore[arg-type]
+    elif isinstance(args, str | bytes | os.PathLike):
+        program = os.fsdecode(args).split(maxsplit=1)[0] if os.fsdecode(args).strip() else ""
+    else:
+        program = next((os.fsdecode(a) for a in args), "")  # type: ignore[attr-defined]
+    return program if program and Path(program).parent == Path(sys.executable).parent else None
+
+
+_in_e2e_test = False
+
+
+def _guarded_popen_new(cls, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
+    """Popen's constructor, refused before any process starts when the running test is not marked e2e."""
+    program = venv_program(args, kwargs.get("executable"))
+    if program is not None and not _in_e2e_test:
+        raise AssertionError(f"a test that starts {program} in a subprocess must be marked e2e")
+    return object.__new__(cls)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    subprocess.Popen.__new__ = _guarded_popen_new  # type: ignore[method-assign,assignment]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the item's fixtures are set up: whether it (and so the fixtures it starts) may launch."""
+    global _in_e2e_test
+    _in_e2e_test = item.get_closest_marker("e2e") is not None
 
 
 def run_train(args: list[str], cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess[str]:
@@ -65,6 +129,13 @@ def run_train(args: list[str], cwd: Path = ROOT, timeout: int = 300) -> subproce
         text=True,
         timeout=timeout,
     )
+
+
+@pytest.fixture(autouse=True)
+def torch_threads() -> Iterator[None]:
+    """Back to TEST_THREADS after each test: posab.run.main sets its run's thread count."""
+    yield
+    torch.set_num_threads(TEST_THREADS)
 
 
 @pytest.fixture(scope="session")

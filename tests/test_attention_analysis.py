@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import pytest
@@ -36,7 +37,9 @@ def analysis(ctx: EvalContext) -> dict[str, Any]:
 
 def test_keys_and_ranges(corpus: CorpusData, encoding: str) -> None:
     ctx = context(corpus, encoding)
+    started = time.perf_counter()
     output = run_evaluator(ctx, "analysis")
+    elapsed = time.perf_counter() - started
     results = output.results
     layers, heads = len(ctx.model.blocks), ctx.model.cfg.n_heads
     grid = results["attn/grid"]
@@ -50,7 +53,11 @@ def test_keys_and_ranges(corpus: CorpusData, encoding: str) -> None:
                 assert -1e-6 <= distance <= length - 1
                 assert grid["entropy"][i][layer][head] == entropy
                 assert grid["distance"][i][layer][head] == distance
-        assert results[f"time/attn@{length}_s"] >= 0
+    # one wall time per length, in seconds rounded to ms: disjoint parts of the evaluator's own
+    times = {k: v for k, v in results.items() if k.startswith("time/")}
+    assert set(times) == {f"time/attn@{length}_s" for length in LENGTHS}
+    assert all(t == round(t, 3) for t in times.values())
+    assert sum(times.values()) <= elapsed + 0.0005 * len(times)  # + rounding
     table = output.tables["attention_stats"]
     assert table.columns == ["length", "layer", "head", "entropy", "distance"]
     assert len(table.rows) == len(LENGTHS) * layers * heads

@@ -47,6 +47,7 @@ def bench_dir(quick_run: tuple[Path, str]) -> Path:
     return quick_run[0] / QUICK_OUT
 
 
+@pytest.mark.e2e
 def test_quick_run_writes_to_its_scratch_folder_not_results(quick_run: tuple[Path, str]) -> None:
     cwd, stdout = quick_run
     assert (cwd / "outputs/bench_quick/bench.md").is_file()
@@ -66,6 +67,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.e2e
 def test_bias_section_compares_both_methods(bench_dir: Path) -> None:
     rows = read_csv(bench_dir / "section1_bias.csv")
     cells = {(r["encoding"], int(r["length"]), r["phase"]) for r in rows}
@@ -75,6 +77,7 @@ def test_bias_section_compares_both_methods(bench_dir: Path) -> None:
         assert float(row["max_abs_diff"]) < 0.05, row  # the reference computes the same bias
 
 
+@pytest.mark.e2e
 def test_train_section_covers_every_encoding(bench_dir: Path) -> None:
     rows = {r["encoding"]: r for r in read_csv(bench_dir / "section2_train_step.csv")}
     assert sorted(rows) == ENCODINGS
@@ -82,6 +85,7 @@ def test_train_section_covers_every_encoding(bench_dir: Path) -> None:
     assert float(rows["nope"]["ratio_to_nope"]) == 1.0
 
 
+@pytest.mark.e2e
 def test_eval_section_covers_every_encoding_and_length(bench_dir: Path) -> None:
     rows = read_csv(bench_dir / "section3_eval_forward.csv")
     assert sorted((r["encoding"], int(r["length"])) for r in rows) == [
@@ -90,6 +94,7 @@ def test_eval_section_covers_every_encoding_and_length(bench_dir: Path) -> None:
     assert all(float(r["forward_s"]) > 0 and float(r["peak_mib"]) > 0 for r in rows)
 
 
+@pytest.mark.e2e
 def test_peer_section_runs_or_says_why_not(bench_dir: Path) -> None:
     if importlib.util.find_spec("x_transformers") is None:
         assert not (bench_dir / "section4_x_transformers.csv").exists()
@@ -100,6 +105,7 @@ def test_peer_section_runs_or_says_why_not(bench_dir: Path) -> None:
     assert all(float(r["ratio"]) > 0 for r in rows)
 
 
+@pytest.mark.e2e
 def test_flops_section_and_report(bench_dir: Path) -> None:
     (row,) = read_csv(bench_dir / "section5_flops.csv")
     assert float(row["share_pct"]) > 0 and float(row["peak_gflops_bf16"]) > 0
@@ -174,6 +180,7 @@ def test_goals_read_the_tables_generically() -> None:
     assert evaluate({"other": table}, [goal]) == []  # a section that did not run: no target
 
 
+@pytest.mark.e2e
 def test_every_goal_reads_a_column_of_the_quick_tables(bench_dir: Path) -> None:
     tables = {p.stem: read_csv(p) for p in bench_dir.glob("section*.csv")}
     for goal in GOALS:

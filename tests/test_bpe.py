@@ -9,7 +9,7 @@ import pytest
 from tokenizers import pre_tokenizers
 
 import posab.data
-from conftest import run_train, typed_config
+from conftest import run_main, typed_config
 from posab.data import CorpusData, DataConfig, SyntheticConfig, prepare_data
 from posab.data.bpe import BYTE_CHARS, TOKENIZER_FILE, BPETokenizer
 from posab.data.corpora import corpus_identity
@@ -201,9 +201,9 @@ def test_prepare_data_rejects_an_unknown_tokenizer(tmp_path: Path) -> None:
 
 
 def test_train_runs_end_to_end_with_bpe(tmp_path: Path) -> None:
-    args = ["+experiment=tiny", "logger=jsonl", "data.tokenizer=bpe", "data.vocab_size=400"]
-    proc = run_train([*args, f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}"])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    """A whole run (data, training, evaluation) in-process, with the tokenizer trained into the cache."""
+    args = ["+experiment=tiny", "data.tokenizer=bpe", "data.vocab_size=400"]
+    run_main([*args, f"data.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "finished"
     assert any((tmp_path / "cache").glob(f"tokens-*/{TOKENIZER_FILE}"))

@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, isolated_env
-from posab.evaluate import EvalConfig, evaluator_classes
+import pytest
+
+from conftest import ROOT, isolated_env, typed_config
+from posab.evaluate import EvalConfig, enabled_evaluators, evaluator_classes
 from posab.report.columns import study_columns
 
 PLUGIN = '''
@@ -51,6 +53,7 @@ class WindowCount(Evaluator[WindowCountConfig]):
 '''
 
 
+@pytest.mark.e2e
 def test_one_new_file_is_a_new_evaluator(tmp_path: Path) -> None:
     source = tmp_path / "src"
     shutil.copytree(ROOT / "src", source, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
@@ -69,7 +72,12 @@ def test_one_new_file_is_a_new_evaluator(tmp_path: Path) -> None:
     assert not (ROOT / "src/posab/evaluate/window_count.py").exists()  # only the copy has it
     results = json.loads((run / "results.json").read_text())
     windows = results["eval"]["count/windows"]
-    assert windows > 0 and windows % 3 == 0 and results["eval"]["time/window_count_s"] >= 0
+    assert windows > 0 and windows % 3 == 0
+    # timed like the built-in evaluators: one `time/<name>_s` each, within the run's wall time
+    timed = {key for key in results["eval"] if key.startswith("time/") and "@" not in key}
+    enabled = enabled_evaluators(typed_config(["+experiment=tiny"]).eval)
+    assert timed == {f"time/{e.name}_s" for e in enabled} | {"time/window_count_s"}
+    assert results["eval"]["time/window_count_s"] <= results["wall_time_s"]
     assert (run / "window_count.csv").read_text().splitlines() == ["windows", str(int(windows))]
     assert (run / "window_count_plot.png").read_bytes()[:4] == b"\x89PNG"
     assert (run / "needle_heatmap.png").is_file() and (run / "needle.csv").is_file()

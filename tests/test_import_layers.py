@@ -81,6 +81,7 @@ def test_no_cycles() -> None:
             visit(module, [])
 
 
+@pytest.mark.e2e
 def test_the_bottom_layer_needs_no_torch() -> None:
     code = f"import sys\nfor m in {TORCH_FREE!r}:\n    __import__('posab.' + m)\n"
     code += "print('torch' in sys.modules)"

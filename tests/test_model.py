@@ -7,9 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from conftest import ENCODINGS, compose_config, tiny_model
+from conftest import ENCODINGS, run_main, tiny_model
 from posab.data.tokenizer import VOCAB_SIZE
-from posab.run import main
 
 
 @torch.no_grad()
@@ -32,11 +31,10 @@ def test_parameter_counts_add_up(encoding: str) -> None:
 
 
 def test_tiny_training_lowers_the_loss(tmp_path) -> None:
-    """The real run path, a few dozen steps on the synthetic corpus: loss clearly below ln(V)."""
-    cfg = compose_config(
-        ["+experiment=tiny", "encoding=alibi", "train.steps=40", f"data.cache_dir={tmp_path / 'cache'}"]
-    )
-    results = main(cfg, tmp_path / "run")
+    """The real run path, a few dozen steps on the synthetic corpus: loss clearly below ln(V). In-process,
+    with the JSONL logger (the W&B logger's runs: tests/test_wandb.py)."""
+    overrides = ["+experiment=tiny", "encoding=alibi", "train.steps=40"]
+    results = run_main([*overrides, f"data.cache_dir={tmp_path / 'cache'}"], tmp_path / "run")
     assert results["status"] == "finished"
     assert results["val_loss"] < math.log(VOCAB_SIZE) - 1.5
     metrics = [

@@ -3,30 +3,31 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_train, tiny_model, typed_config
+from conftest import run_main, tiny_model, typed_config
 from posab import needle_report
 from posab.data import CorpusData
 from posab.data.passkey import passkey_batch
 from posab.errors import ConfigError
 from posab.passkey_stage import PasskeyStageConfig, key_accuracy, key_loss
+from posab.run import reevaluate
 from posab.train import token_losses
 
 STAGE = ["passkey.enabled=true", "passkey.lengths=[96,128]", "passkey.steps=[3,2]", "passkey.log_every=1",
          "passkey.probe_every=2", "passkey.probe_examples=4"]  # fmt: skip
 
 
-def tiny_args(tmp_path: Path, name: str, *more: str) -> list[str]:
-    run = tmp_path / name
-    return ["+experiment=tiny", "encoding=alibi", "logger=jsonl", f"hydra.run.dir={run}",
-            f"data.cache_dir={tmp_path / 'cache'}", *more]  # fmt: skip
+def run(tmp_path: Path, name: str, *more: str) -> dict[str, Any]:
+    """A tiny alibi run in-process, into tmp_path/name (a bad input raises its ConfigError)."""
+    args = ["+experiment=tiny", "encoding=alibi", f"data.cache_dir={tmp_path / 'cache'}", *more]
+    return run_main(args, tmp_path / name)
 
 
 def test_the_curriculum_schedule() -> None:
@@ -124,9 +125,7 @@ def test_only_key_positions_carry_gradient(corpus: CorpusData) -> None:
 def test_a_run_with_the_stage(tmp_path: Path) -> None:
     """Perplexity and shift measure the language model (the same numbers as without the stage), the needle
     the stage's model; the stage logs its key loss after the language model's steps and checkpoints."""
-    plain = run_train(tiny_args(tmp_path, "plain"))
-    staged = run_train(tiny_args(tmp_path, "staged", *STAGE))
-    assert plain.returncode == 0 and staged.returncode == 0, staged.stderr[-3000:]
+    assert run(tmp_path, "plain")["status"] == run(tmp_path, "staged", *STAGE)["status"] == "finished"
     a = json.loads((tmp_path / "plain" / "results.json").read_text())
     b = json.loads((tmp_path / "staged" / "results.json").read_text())
     assert b["eval"]["ppl/128"] == a["eval"]["ppl/128"]
@@ -154,37 +153,28 @@ def test_a_run_with_the_stage(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="2"):
         needle_report.main([str(tmp_path / "plain"), "--out", str(summary)])  # no stage: named, exit 2
     assert (tmp_path / "staged" / "checkpoint_passkey.pt").stat().st_size > 0
-    # re-evaluation scores each evaluator on the model it measured: the LM, and the stage's for the needle
-    script = [
-        str(ROOT / "scripts" / "evaluate.py"),
-        str(tmp_path / "staged"),
-        "--out",
-        str(tmp_path / "again"),
-    ]
-    again = subprocess.run([sys.executable, *script], capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
+    # re-evaluation (scripts/evaluate.py's) scores each evaluator on the model it measured: the LM, and the
+    # stage's for the needle
+    reevaluate(tmp_path / "staged", [], tmp_path / "again")
     reevaluated = json.loads((tmp_path / "again" / "results.json").read_text())["eval"]
     for key in ("ppl/128", "needle/logprob", "needle/acc", "shift/prefix16/dloss"):
         assert reevaluated[key] == pytest.approx(b["eval"][key], rel=1e-6, abs=1e-9)
 
 
 def test_init_from_takes_a_trained_runs_model(tmp_path: Path) -> None:
-    first = run_train(tiny_args(tmp_path, "first"))
-    assert first.returncode == 0, first.stderr[-2000:]
-    again = run_train(tiny_args(tmp_path, "again", f"train.init_from={tmp_path / 'first'}", "train.steps=0"))
-    assert again.returncode == 0, again.stderr[-2000:]
-    a = json.loads((tmp_path / "first" / "results.json").read_text())
-    b = json.loads((tmp_path / "again" / "results.json").read_text())
+    a = run(tmp_path, "first")
+    b = run(tmp_path, "again", f"train.init_from={tmp_path / 'first'}", "train.steps=0")
     assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-6) and b["eval"]["ppl/128"] == pytest.approx(
         a["eval"]["ppl/128"], rel=1e-6
     )
-    bad = run_train(tiny_args(tmp_path, "bad", f"train.init_from={tmp_path / 'first'}", "encoding=rope"))
-    assert bad.returncode == 2 and "incompatible config" in bad.stderr
-    zero = run_train(tiny_args(tmp_path, "zero", "train.steps=0"))
-    assert zero.returncode == 2 and "0 only with train.init_from" in zero.stderr
-    short = run_train(tiny_args(tmp_path, "short", *STAGE, "passkey.lengths=[32,128]"))
-    assert short.returncode == 2
-    assert "passkey.lengths=[32, 128]: a passkey example of 33 tokens" in short.stderr
+    with pytest.raises(ConfigError, match="incompatible config"):
+        run(tmp_path, "bad", f"train.init_from={tmp_path / 'first'}", "encoding=rope")
+    with pytest.raises(ConfigError, match="0 only with train.init_from"):
+        run(tmp_path, "zero", "train.steps=0")
+    with pytest.raises(
+        ConfigError, match=re.escape("passkey.lengths=[32, 128]: a passkey example of 33 tokens")
+    ):
+        run(tmp_path, "short", *STAGE, "passkey.lengths=[32,128]")
     assert not (tmp_path / "short" / "checkpoint.pt").exists()  # before any training
 
 

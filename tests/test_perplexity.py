@@ -4,6 +4,7 @@ loss, per-document means, per-window arrays, sliding windows."""
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -76,7 +77,10 @@ def windows(ctx: EvalContext) -> np.ndarray:
 
 
 def test_keys_and_ranges(corpus: CorpusData, encoding: str) -> None:
-    results = perplexity_eval(context(corpus, encoding, stride=16))
+    ctx = context(corpus, encoding, stride=16)
+    started = time.perf_counter()
+    results = perplexity_eval(ctx)
+    elapsed = time.perf_counter() - started
     for length in LENGTHS:
         assert results[f"ppl/{length}"] == pytest.approx(math.exp(results[f"loss/{length}"]))
         assert 1 < results[f"ppl/{length}"] < 1000
@@ -84,7 +88,11 @@ def test_keys_and_ranges(corpus: CorpusData, encoding: str) -> None:
         assert len(results[f"position_loss/{length}"]) == 8
         assert all(v > 0 for v in results[f"position_loss/{length}"])
         assert 1 < results[f"ppl_sliding/{length}"] < 1000
-        assert results[f"time/ppl@{length}_s"] >= 0
+    # one wall time per length, in seconds rounded to ms: disjoint parts of the evaluator's own
+    times = {k: v for k, v in results.items() if k.startswith("time/")}
+    assert set(times) == {f"time/ppl@{length}_s" for length in LENGTHS}
+    assert all(t == round(t, 3) for t in times.values())
+    assert sum(times.values()) <= elapsed + 0.0005 * len(times)  # + rounding
 
 
 def test_every_length_scores_the_same_tokens(corpus: CorpusData) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, isolated_env, run_train
+from conftest import ROOT, isolated_env, run_main, run_train
+from posab.errors import ConfigError
 from posab.io import atomic_write, write_json
 
 RESUMABLE = ["train.steps=30", "train.batch_size=16", "train.checkpoint_every=5", "train.val_every=5",
@@ -32,15 +33,20 @@ def start_train(args: list[str]) -> subprocess.Popen[str]:
     )
 
 
+def logged_steps(run: Path) -> list[int]:
+    """The steps of the complete lines of metrics.jsonl (a line being written is left out)."""
+    metrics = run / "metrics.jsonl"
+    text = metrics.read_text() if metrics.is_file() else ""
+    return [json.loads(line)["step"] for line in text.split("\n")[:-1] if line]
+
+
 def wait_for_step(run: Path, step: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
-    """Poll metrics.jsonl until a line with `step` appears."""
-    metrics, deadline = run / "metrics.jsonl", time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.is_file() and any(
-            json.loads(x)["step"] >= step for x in metrics.read_text().splitlines() if x
-        ):
+    """Poll metrics.jsonl (every 20 ms) until the run has logged `step`; fail if it exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(s >= step for s in logged_steps(run)):
             return
-        time.sleep(0.005)
+        time.sleep(0.02)
     raise AssertionError(f"step {step} not reached (exit code {proc.poll()})")
 
 
@@ -72,21 +78,29 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
     return root / "reference", root / "cache"
 
 
+@pytest.mark.e2e
 def test_resume_after_sigkill_is_exact(uninterrupted: tuple[Path, Path], tmp_path: Path) -> None:
+    """Killed once the run has logged step 11 (past its checkpoint of step 10, before step 30 and the
+    evaluation): the rerun resumes from the checkpoint and ends bit for bit as the uninterrupted run."""
     reference, cache = uninterrupted
     run = tmp_path / "killed"
     proc = start_train(args_for(run, cache))
-    wait_for_step(run, 12, proc)
+    wait_for_step(run, 11, proc)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert json.loads((run / "results.json").read_text())["status"] == "running"  # died mid-run
+    assert proc.wait(timeout=60) == -signal.SIGKILL  # the kill ended it, not the end of the run
+    # the kill landed mid-run: no final results, the last step not logged, a checkpoint of step 10..25
+    assert json.loads((run / "results.json").read_text())["status"] == "running"
+    assert 11 <= max(logged_steps(run)) < 30
+    saved_step = torch.load(run / "checkpoint.pt", weights_only=True)["step"]
+    assert saved_step in (10, 15, 20, 25) and saved_step <= max(logged_steps(run))
     again = run_train(args_for(run, cache))
     assert again.returncode == 0, again.stderr[-2000:]
     results = json.loads((run / "results.json").read_text())
-    assert results["status"] == "finished" and results["resumed_from_step"] >= 10
+    assert results["status"] == "finished" and results["resumed_from_step"] == saved_step
     assert_same_run(reference, run)
 
 
+@pytest.mark.e2e
 def test_sigterm_saves_a_checkpoint_and_exits_with_its_own_code(
     uninterrupted: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -106,6 +120,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_with_its_own_code(
     assert_same_run(reference, run)
 
 
+@pytest.mark.e2e
 def test_nan_loss_stops_at_once_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
     args = args_for(tmp_path / "run", tmp_path / "cache", "train.lr=1e30", "train.warmup_steps=0",
                     "train.grad_clip=1e30", "train.checkpoint_every=1", "train.precision=fp32")  # fmt: skip
@@ -121,6 +136,7 @@ def test_nan_loss_stops_at_once_and_keeps_the_last_checkpoint(tmp_path: Path) ->
     assert all(torch.isfinite(t).all() for t in state["model"].values())
 
 
+@pytest.mark.e2e
 def test_a_finished_run_is_not_overwritten(uninterrupted: tuple[Path, Path]) -> None:
     reference, cache = uninterrupted
     before = (reference / "results.json").read_text()
@@ -131,14 +147,19 @@ def test_a_finished_run_is_not_overwritten(uninterrupted: tuple[Path, Path]) -> 
 
 
 def test_a_corrupted_checkpoint_is_named(tmp_path: Path) -> None:
+    """In-process (train.py prints the ConfigError on one line, exit code 2)."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    proc = run_train(args_for(run, tmp_path / "cache"))
-    assert proc.returncode == 2
-    assert f"checkpoint '{run / 'checkpoint.pt'}' cannot be read" in proc.stderr.strip().splitlines()[-1]
+    with pytest.raises(ConfigError) as info:
+        run_main(args_for(run, tmp_path / "cache"), run)
+    assert f"checkpoint '{run / 'checkpoint.pt'}' cannot be read" in str(info.value)
+    assert "\n" not in str(info.value)
+    assert (run / "checkpoint.pt").read_bytes() == b"not a checkpoint"  # left as it was
+    assert json.loads((run / "results.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.e2e
 def test_an_incompatible_checkpoint_names_the_fields(
     uninterrupted: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -157,6 +178,7 @@ def sweep_args(sweep: Path, cache: Path) -> list[str]:
             f"data.cache_dir={cache}", *RESUMABLE]  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_a_sweep_rerun_into_its_folder_keeps_its_finished_jobs(tmp_path: Path) -> None:
     sweep, cache = tmp_path / "sweep", tmp_path / "cache"
     first = run_train(sweep_args(sweep, cache))
@@ -169,6 +191,7 @@ def test_a_sweep_rerun_into_its_folder_keeps_its_finished_jobs(tmp_path: Path) -
     assert (again.stdout + again.stderr).count("holds a finished run: kept") == 2
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_a_sweep_and_its_rerun_resumes_it(tmp_path: Path) -> None:
     sweep, cache = tmp_path / "sweep", tmp_path / "cache"
     proc = start_train(sweep_args(sweep, cache))

@@ -73,12 +73,14 @@ def mean_std(values: list[float], fmt: str) -> str:
     return f"{np.mean(values):{fmt}} ± {np.std(values, ddof=1):{fmt}}"
 
 
+@pytest.mark.e2e
 def test_table_has_one_row_per_encoding_with_two_seeds(report_dir: Path) -> None:
     rows = table((report_dir / "report.md").read_text(), "tiny")
     assert list(rows) == ["alibi", "nope"]
     assert [row["seeds n"] for row in rows.values()] == ["2", "2"]
 
 
+@pytest.mark.e2e
 def test_table_numbers_are_mean_and_std_over_the_seeds(runs_dir: Path, report_dir: Path) -> None:
     rows = table((report_dir / "report.md").read_text(), "tiny")
     for encoding in ("alibi", "nope"):
@@ -95,6 +97,7 @@ def test_table_numbers_are_mean_and_std_over_the_seeds(runs_dir: Path, report_di
         assert row["KL offset 64"] == kl
 
 
+@pytest.mark.e2e
 def test_csv_has_one_row_per_run_including_the_failed_one(report_dir: Path) -> None:
     with (report_dir / "runs.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
@@ -107,11 +110,13 @@ def test_csv_has_one_row_per_run_including_the_failed_one(report_dir: Path) -> N
         assert all(r[column] != "" for r in finished), column
 
 
+@pytest.mark.e2e
 def test_failed_run_and_its_error_are_listed(report_dir: Path) -> None:
     failed_section = (report_dir / "report.md").read_text().split("## Failed runs", 1)[1]
     assert f"| {FAILED_RUN} | failed | alibi | {FAILED_ERROR} |" in failed_section
 
 
+@pytest.mark.e2e
 def test_report_names_commit_and_machine(runs_dir: Path, report_dir: Path) -> None:
     report = (report_dir / "report.md").read_text()
     result = finished_results(runs_dir, "alibi")[0]
@@ -122,6 +127,7 @@ def test_report_names_commit_and_machine(runs_dir: Path, report_dir: Path) -> No
     assert f"Wall time: {hours:.2f} h summed over {len(every)} runs" in report
 
 
+@pytest.mark.e2e
 def test_every_plot_is_a_png(report_dir: Path) -> None:
     names = ["training_curves", "ppl_vs_length", "position_loss", "shift", "needle_alibi", "needle_nope"]
     for name in names:
@@ -130,6 +136,7 @@ def test_every_plot_is_a_png(report_dir: Path) -> None:
         assert f"![{name}.png]({name}.png)" in (report_dir / "report.md").read_text()
 
 
+@pytest.mark.e2e
 def test_training_curves_are_each_runs_validation_loss_from_metrics_jsonl(
     runs_dir: Path, report_dir: Path
 ) -> None:
@@ -145,6 +152,7 @@ def test_training_curves_are_each_runs_validation_loss_from_metrics_jsonl(
         assert json.loads(row["val_loss_curve"]) == logged
 
 
+@pytest.mark.e2e
 def test_a_runs_csv_without_curves_renders_without_the_training_curve_plot(
     report_dir: Path, tmp_path: Path
 ) -> None:
@@ -159,6 +167,7 @@ def test_a_runs_csv_without_curves_renders_without_the_training_curve_plot(
     assert "![ppl_vs_length.png](ppl_vs_length.png)" in report
 
 
+@pytest.mark.e2e
 def test_configs_are_copied(runs_dir: Path, report_dir: Path) -> None:
     copies = sorted(p.name for p in (report_dir / "configs").glob("*.yaml"))
     sources = sorted(runs_dir.glob("*/*/config.yaml"))
@@ -167,6 +176,7 @@ def test_configs_are_copied(runs_dir: Path, report_dir: Path) -> None:
         assert (report_dir / "configs" / f"{source.parent.name}.yaml").read_text() == source.read_text()
 
 
+@pytest.mark.e2e
 def test_rerendering_from_runs_csv_gives_the_same_report(report_dir: Path, tmp_path: Path) -> None:
     assert main([str(report_dir), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "report.md").read_text() == (report_dir / "report.md").read_text()

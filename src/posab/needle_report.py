@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,8 +61,12 @@ def stage_curve(metrics_path: Path, lm_steps: int) -> list[tuple[int, float]]:
     return sorted(curve.items())
 
 
-def load_stage_run(run_dir: Path, name: str) -> StageRun:
+def load_stage_run(run_dir: Path, name: str) -> StageRun | None:
+    """The run, or None (named on stderr) while it is not finished."""
     results = json.loads((run_dir / "results.json").read_text())
+    if results.get("status") != "finished":
+        print(f"skipped {run_dir}: status {results.get('status')!r}, not finished", file=sys.stderr)
+        return None
     if not results.get("passkey_stage"):
         raise ReportError(f"{run_dir} has no passkey stage (results.json has no `passkey_stage`)")
     lm_steps = int((results.get("train") or {}).get("steps", 0))  # 0 from train.init_from
@@ -123,11 +128,14 @@ def needle_markdown(runs: Sequence[StageRun]) -> str:
         "wall s",
     ]
     header += [f"ppl@{n}" for n in lengths]
-    curriculum = runs[0].stage.get("curriculum", {})
+    curricula = {
+        f"lengths {c.get('lengths')}, steps {c.get('steps')}": None
+        for c in (r.stage.get("curriculum", {}) for r in runs)
+    }
     lines = [
         "# Needle in a haystack after the passkey stage",
         "",
-        f"Stage curriculum: lengths {curriculum.get('lengths')}, steps {curriculum.get('steps')}. "
+        f"Stage curriculum: {'; '.join(curricula)} (runs in table order where they differ). "
         "acc@L: greedy passkey accuracy at input length L, mean over depths and trials (`needle/acc@L`); "
         "gain@L: log p(key | the needle holds it) − log p(key | the needle holds another key), nats "
         "(`needle/gain@L`, 0 = the needle is not read); attn@L: attention mass of the key positions on "
@@ -200,9 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         run_dirs = find_runs(args.paths)
-        runs = [load_stage_run(d, n) for d, n in zip(run_dirs, run_names(run_dirs), strict=True)]
+        loaded = [load_stage_run(d, n) for d, n in zip(run_dirs, run_names(run_dirs), strict=True)]
     except ReportError as err:
         parser.exit(2, f"error: {err}\n")
+    runs = [run for run in loaded if run is not None]
+    if not runs:
+        parser.exit(2, "error: no finished run with a passkey stage\n")
     labels = [r.label for r in runs]
     for run in runs:
         if labels.count(run.label) > 1:  # e.g. recipes tried on one encoding: the run's name tells them apart
