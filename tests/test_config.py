@@ -9,10 +9,10 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from conftest import CONF, compose_config, typed_config
+from posab.build import build_model
 from posab.config import Config
 from posab.data.tokenizer import VOCAB_SIZE
 from posab.errors import ConfigError
-from posab.run import build_model
 
 GROUP_OPTIONS = [
     (group.name, yaml.stem)

@@ -18,11 +18,11 @@ LAYERS: list[set[str]] = [
     {"errors", "io", "results", "paths", "outputs", "plots", "summary"},  # no torch
     {"device", "distributed", "encodings", "attention", "data"},  # components
     {"model"},
-    {"train", "logging", "wandb_logger", "passkey_stage"},
+    {"train", "losses", "train_state", "logging", "wandb_logger", "passkey_stage"},
     {"evaluate"},
     {"config", "checkpoint"},  # assembles the sections
     {"build"},
-    {"run", "report", "bench", "needle_report"},  # entry points
+    {"run", "resume", "run_eval", "report", "bench", "needle_report"},  # entry points
 ]
 TORCH_FREE = sorted(LAYERS[0])
 

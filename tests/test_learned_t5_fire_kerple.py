@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import typed_config
+from posab.build import build_model
 from posab.data.tokenizer import VOCAB_SIZE
 from posab.encodings import Dims, Positions
 from posab.encodings.fire import FIRE
@@ -17,7 +18,6 @@ from posab.encodings.learned import Learned
 from posab.encodings.reference import fire_all_pairs
 from posab.encodings.t5 import T5Bias, t5_buckets
 from posab.errors import ConfigError
-from posab.run import build_model
 from tolerances import EPS32, assert_close_to_scale, scale_of
 
 NEW = {"learned": Learned, "t5": T5Bias, "fire": FIRE, "kerple": Kerple}

@@ -16,9 +16,9 @@ from posab import needle_report
 from posab.data import CorpusData
 from posab.data.passkey import passkey_batch
 from posab.errors import ConfigError
+from posab.losses import token_losses
 from posab.passkey_stage import PasskeyStageConfig, key_accuracy, key_loss
 from posab.run import reevaluate
-from posab.train import token_losses
 
 STAGE = ["passkey.enabled=true", "passkey.lengths=[96,128]", "passkey.steps=[3,2]", "passkey.log_every=1",
          "passkey.probe_every=2", "passkey.probe_examples=4"]  # fmt: skip

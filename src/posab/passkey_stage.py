@@ -42,8 +42,9 @@ from posab.device import autocast
 from posab.distributed import progress_bar
 from posab.errors import Preempted, require
 from posab.logging import Logger
+from posab.losses import token_losses
 from posab.model import DecoderLM
-from posab.train import StopSignal, load_optimizer_state, optimizer_state, token_losses
+from posab.train_state import StopSignal, load_optimizer_state, optimizer_state
 
 
 @dataclass

@@ -1,11 +1,9 @@
-"""The only module that wires things together: config -> data -> model -> training -> results."""
+"""The entry points that wire things together: `main` (config -> data -> model -> training -> evaluation ->
+results) and `reevaluate` (a finished run's checkpoint -> evaluation). A run directory used again is handled
+by `posab.resume`; the evaluations, the passkey stage between them and their files by `posab.run_eval`."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import logging
 import os
 import platform
 import random
@@ -20,28 +18,35 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from posab.build import build_model, encoding_name
-from posab.checkpoint import load_checkpoint, save_checkpoint
+from posab.checkpoint import save_checkpoint
 from posab.config import Config, config_container, load_config
-from posab.data import CorpusData, TokenStream, TrainSampler, prepare_data
-from posab.data.passkey import filler_length
+from posab.data import CorpusData, TrainSampler, prepare_data
 from posab.device import autocast_dtype, resolve_device
 from posab.distributed import World, barrier, world
 from posab.encodings import encoding_optimizer
 from posab.errors import ConfigError, Preempted
-from posab.evaluate import EvalContext, enabled_evaluators, run_evaluations
-from posab.io import atomic_write, write_json, write_text
+from posab.io import write_json
 from posab.logging import JsonlLogger, Logger, MultiLogger, NullLogger
-from posab.model import DecoderLM
-from posab.outputs import EvalOutput, Table
-from posab.passkey_stage import PasskeyStage
 from posab.paths import source_root
-from posab.plots import save_figure
-from posab.results import flatten
+from posab.resume import (
+    CHECKPOINTS,
+    keep_finished_run,
+    load_initial_model,
+    load_model_state,
+    previous_wandb_id,
+    resume_state,
+)
+from posab.run_eval import (
+    check_eval_lengths,
+    check_stage_lengths,
+    eval_context,
+    eval_split,
+    evaluate,
+    evaluate_around_stage,
+)
 from posab.summary import summary_text
 from posab.train import Trainer
-from posab.wandb_logger import RUN_ID_FILE, WandbLogger
-
-log = logging.getLogger(__name__)
+from posab.wandb_logger import WandbLogger
 
 
 def git_commit() -> str:
@@ -105,11 +110,6 @@ def build_loggers(cfg: Config, raw_cfg: DictConfig, run_dir: Path, job: JobInfo,
     return MultiLogger(loggers)
 
 
-def previous_wandb_id(run_dir: Path) -> str | None:
-    path = run_dir / RUN_ID_FILE
-    return path.read_text().strip() if path.is_file() else None
-
-
 def corpus_name(cfg: Config) -> str:
     d = cfg.data
     if d.source == "text":
@@ -117,22 +117,6 @@ def corpus_name(cfg: Config) -> str:
     if d.source == "hub":
         return d.hub_subset or d.hub_dataset or "hub"
     return "synthetic"
-
-
-CHECKPOINTS = {"latest": "checkpoint.pt", "best": "checkpoint_best.pt", "passkey": "checkpoint_passkey.pt"}
-RESUME_KEYS = (
-    "model",
-    "encoding",
-    "seed",
-    "data.source",
-    "data.anchors",
-    "data.synthetic",
-    "data.tokenizer",
-    "data.vocab_size",
-    "train.seq_len",
-    "train.batch_size",
-    "train.grad_accum",
-)
 
 
 def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict[str, Any]:
@@ -143,7 +127,7 @@ def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict
     command of a crashed or pre-empted run continues it from its checkpoint (`train.resume=auto`).
     """
     job = job or JobInfo()
-    previous = keep_finished_run(raw_cfg, run_dir, job)
+    previous = keep_finished_run(raw_cfg, run_dir, job.multirun)
     if previous is not None:
         return previous
     w = world()
@@ -205,69 +189,6 @@ def check_world(cfg: Config, w: World) -> None:
         )
 
 
-def finished_results(raw_cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
-    """The results of the finished run in `run_dir`, if there is one and `train.overwrite` is not set."""
-    previous = run_dir / "results.json"
-    if not previous.is_file() or OmegaConf.select(raw_cfg, "train.overwrite", default=False) is True:
-        return None
-    results = json.loads(previous.read_text())
-    return results if results.get("status") == "finished" else None
-
-
-def keep_finished_run(raw_cfg: DictConfig, run_dir: Path, job: JobInfo) -> dict[str, Any] | None:
-    """A finished run's directory is not reused unless `train.overwrite=true`: a single run refuses; a
-    sweep rerun into its own folder (`hydra.sweep.dir=...`) keeps the finished jobs and continues the rest."""
-    previous = finished_results(raw_cfg, run_dir)
-    if previous is not None and not job.multirun:
-        raise ConfigError(
-            f"'{run_dir}' holds a finished run; pass train.overwrite=true to replace it, "
-            "or choose another hydra.run.dir"
-        )
-    if previous is not None:
-        log.info("%s holds a finished run: kept (train.overwrite=true would rerun it)", run_dir)
-    return previous
-
-
-def resume_state(cfg: Config, run_dir: Path, truncate: bool = True) -> dict[str, Any] | None:
-    """The checkpoint to continue from (train.resume=auto and one exists), after a compatibility check.
-
-    metrics.jsonl is cut back to the checkpoint's step, so the resumed run's log has no duplicate steps.
-    """
-    path = run_dir / CHECKPOINTS["latest"]
-    if cfg.train.resume == "never" or not path.is_file():
-        return None
-    state = load_checkpoint(path)
-    check_compatible(state.get("config", {}), config_container(cfg), path, RESUME_KEYS)
-    if truncate:  # a passkey stage logs past the language model's steps: keep what its checkpoint holds
-        stage = run_dir / CHECKPOINTS["passkey"]
-        stage_steps = load_checkpoint(stage)["step"] if stage.is_file() else 0
-        truncate_metrics(run_dir / "metrics.jsonl", state["step"] + stage_steps)
-    log.info("resuming from %s at step %d", path, state["step"])
-    return state
-
-
-def check_compatible(
-    saved: dict[str, Any], current: dict[str, Any], path: Path, keys: tuple[str, ...]
-) -> None:
-    """ConfigError listing every field under `keys` where the checkpoint's config differs from this one."""
-    saved_flat, current_flat = flatten(saved), flatten(current)
-    fields = sorted(k for k in saved_flat.keys() | current_flat.keys() if k.startswith(keys))
-    differ = [f for f in fields if saved_flat.get(f) != current_flat.get(f)]
-    if differ:
-        details = "; ".join(
-            f"{f}: {saved_flat.get(f)!r} in the checkpoint, {current_flat.get(f)!r} now" for f in differ
-        )
-        raise ConfigError(f"checkpoint '{path}' comes from an incompatible config: {details}")
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Keep the lines of metrics.jsonl up to `step` (atomically)."""
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    write_text(path, "".join(line + "\n" for line in kept))
-
-
 def run_header(cfg: Config) -> dict[str, Any]:
     return {
         "encoding": encoding_name(cfg),
@@ -281,29 +202,6 @@ def run_header(cfg: Config) -> dict[str, Any]:
             "threads": torch.get_num_threads(),
         },
     }
-
-
-def eval_split(cfg: Config, data: CorpusData) -> TokenStream:
-    """The split the evaluators score (`eval.split`)."""
-    if cfg.eval.split not in data.streams:
-        raise ConfigError(
-            f"eval.split={cfg.eval.split!r}: the corpus has no such split; it has {', '.join(data.streams)}"
-        )
-    return data.streams[cfg.eval.split]
-
-
-def check_eval_lengths(cfg: Config, valid: TokenStream) -> None:
-    """Fail before training when the evaluated split cannot supply an evaluation length (`eval.lengths`
-    and the window lengths of every enabled evaluator)."""
-    lengths = set(cfg.eval.lengths)
-    for evaluator in enabled_evaluators(cfg.eval):
-        lengths |= set(evaluator.window_lengths(cfg.eval))
-    too_long = sorted(n for n in lengths if valid.windows_available(n) == 0)
-    if too_long:
-        raise ConfigError(
-            f"eval length(s) {too_long} longer than the {valid.split} split can supply: it has {len(valid)} "
-            f"tokens, a window of L tokens needs L+1; use eval.lengths up to {len(valid) - 1} or more data"
-        )
 
 
 def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | None) -> dict[str, Any]:
@@ -348,68 +246,6 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
     return summary
 
 
-def check_stage_lengths(cfg: Config, data: CorpusData) -> None:
-    """Fail before training when the passkey stage's shortest length cannot hold an example."""
-    shortest = min(cfg.passkey.lengths)
-    try:
-        filler_length(data.tokenizer, shortest + 1, cfg.eval.needle.key_digits)
-    except ConfigError as err:
-        raise ConfigError(f"passkey.lengths={cfg.passkey.lengths}: {err}") from None
-
-
-def load_model_state(cfg: Config, model: DecoderLM, path: Path) -> int:
-    """Load the model of checkpoint `path` after a compatibility check of the model and encoding; returns
-    its step."""
-    state = load_checkpoint(path)
-    check_compatible(state.get("config", {}), config_container(cfg), path, ("model", "encoding"))
-    model.load_state_dict(state["model"])
-    return int(state["step"])
-
-
-def load_initial_model(cfg: Config, model: DecoderLM) -> None:
-    """The model of the run in `train.init_from` (its latest checkpoint)."""
-    path = Path(cfg.train.init_from or "") / CHECKPOINTS["latest"]
-    step = load_model_state(cfg, model, path)
-    log.info("initialised from %s (step %d)", path, step)
-
-
-def evaluate_around_stage(
-    cfg: Config, ctx: EvalContext, data: CorpusData, run_dir: Path, logger: Logger, lm_steps: int
-) -> dict[str, Any]:
-    """Evaluate the language model, run the passkey stage, then evaluate retrieval on the stage's model;
-    `eval_source` says which model each evaluator measured."""
-    before = evaluate(ctx, run_dir, logger, step=lm_steps, after_stage=False)
-    stage = PasskeyStage(
-        ctx.model,
-        data.streams["train"],
-        data.tokenizer,
-        cfg.passkey,
-        cfg.eval.needle.key_digits,
-        cfg.seed,
-        logger,
-        ctx.dtype,
-        lambda state: save_checkpoint(
-            run_dir / CHECKPOINTS["passkey"], {**state, "config": config_container(cfg)}
-        ),
-        first_step=lm_steps,
-    )
-    path = run_dir / CHECKPOINTS["passkey"]
-    if cfg.train.resume == "auto" and path.is_file():
-        stage.load_state_dict(load_checkpoint(path))
-    stage_summary = stage.fit()
-    total = lm_steps + cfg.passkey.total_steps
-    after = evaluate(ctx, run_dir, logger, step=total, after_stage=True)
-    sources = {e.name: e.after_stage for e in enabled_evaluators(cfg.eval)}
-    return {
-        "eval": {**before, **after},
-        "passkey_stage": stage_summary,
-        "eval_source": {
-            name: f"passkey stage, step {total}" if late else f"language model, step {lm_steps}"
-            for name, late in sources.items()
-        },
-    }
-
-
 def train_sampler(cfg: Config, data: CorpusData) -> TrainSampler:
     """Training windows, a share `data.needle_rate` of them passkey examples in the needle evaluation's
     format (`eval.needle.key_digits`); this rank's rows of every global batch."""
@@ -424,53 +260,6 @@ def train_sampler(cfg: Config, data: CorpusData) -> TrainSampler:
         cfg.eval.needle.key_digits,
         shard=(w.rank, w.size),
     )
-
-
-def eval_context(
-    cfg: Config, model: DecoderLM, data: CorpusData, device: torch.device, dtype: torch.dtype | None
-) -> EvalContext:
-    valid = eval_split(cfg, data)
-    return EvalContext(
-        model, data.tokenizer, valid, device, dtype, cfg.train.seq_len, cfg.eval, title=encoding_name(cfg)
-    )
-
-
-def evaluate(
-    ctx: EvalContext, run_dir: Path, logger: Logger, step: int, after_stage: bool | None = None
-) -> dict[str, Any]:
-    """Run the evaluators (those with the given `after_stage`, or all), write their tables and figures into
-    `run_dir` and log their output; returns the scalars and data (results.json's `eval`)."""
-    output = run_evaluations(ctx, after_stage)
-    write_output_files(output, run_dir)
-    logger.log_evaluation(output, step)
-    return output.results
-
-
-def write_output_files(output: EvalOutput, folder: Path) -> list[Path]:
-    """Each table as `<name>.csv`, each figure as `<name>.png` and each set of arrays as `<name>.npz` in
-    `folder`."""
-    written = [write_text(folder / f"{name}.csv", table_csv(table)) for name, table in output.tables.items()]
-    written += [save_figure(figure, folder / f"{name}.png") for name, figure in output.figures.items()]
-    written += [write_arrays(folder / f"{name}.npz", arrays) for name, arrays in output.arrays.items()]
-    return written
-
-
-def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> Path:
-    """Compressed `.npz`, keys as given (`np.load(path)[key]`)."""
-
-    def save(tmp: Path) -> None:
-        with tmp.open("wb") as f:
-            np.savez_compressed(f, **arrays)
-
-    return atomic_write(path, save)
-
-
-def table_csv(table: Table) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(table.columns)
-    writer.writerows(table.rows)
-    return buffer.getvalue()
 
 
 REEVAL_PREFIXES = ("eval.", "train.device=", "train.precision=", "data.cache_dir=", "data.path=")

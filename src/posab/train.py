@@ -1,29 +1,29 @@
-"""The training loop: AdamW, warmup + cosine schedule, clipping, accumulation, bf16 autocast."""
+"""The training loop: AdamW, warmup + cosine schedule, clipping, accumulation, bf16 autocast. The loss lives
+in `posab.losses`; checkpoint entries, RNG states and the stop on SIGTERM in `posab.train_state`."""
 
 from __future__ import annotations
 
 import math
-import random
-import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from posab.data import Batch, TokenStream, TrainSampler
+from posab.data import TokenStream, TrainSampler
 from posab.device import autocast, autocast_dtype
 from posab.distributed import any_rank, mean_across_ranks, progress_bar, sum_across_ranks, world
 from posab.encodings import EncodingOptimizer
 from posab.errors import Preempted, TrainingError, require, require_positive
 from posab.logging import Logger
+from posab.losses import token_losses, validation_loss
 from posab.model import DecoderLM
+from posab.train_state import StopSignal, load_optimizer_state, optimizer_state, rng_states, set_rng_states
 
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
@@ -129,49 +129,6 @@ def build_optimizer(
     return optimizer
 
 
-def token_losses(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """The cross-entropy of every target token, in float32: (B, T)."""
-    logits = model(batch.inputs, batch.sentence, batch.paragraph)  # (B, T, V)
-    losses = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), reduction="none")
-    return losses.view_as(batch.targets)  # (B*T,) -> (B, T)
-
-
-def lm_loss(model: nn.Module, batch: Batch, reduction: str = "mean") -> torch.Tensor:
-    losses = token_losses(model, batch)  # (B, T)
-    return losses.mean() if reduction == "mean" else losses.sum()
-
-
-def batches(stream: TokenStream, starts: np.ndarray, length: int, batch_size: int) -> Iterator[Batch]:
-    for i in range(0, len(starts), batch_size):
-        yield stream.batch(starts[i : i + batch_size], length)
-
-
-@torch.inference_mode()
-def validation_loss(
-    model: nn.Module,
-    stream: TokenStream,
-    starts: np.ndarray,
-    length: int,
-    batch_size: int,
-    device: torch.device,
-    dtype: torch.dtype | None,
-) -> float:
-    """Mean per-token loss over fixed windows; under torchrun each rank scores its share of the windows
-    and the summed losses and token counts are reduced (no window counted twice)."""
-    was_training = model.training
-    model.eval()
-    w = world()
-    total, count = 0.0, 0
-    with autocast(device, dtype):
-        for batch in batches(stream, starts[w.rank :: w.size], length, batch_size):
-            batch = batch.to(device)
-            total += float(lm_loss(model, batch, reduction="sum"))
-            count += batch.num_tokens
-    model.train(was_training)
-    total, count = sum_across_ranks(total, count)
-    return total / count
-
-
 @dataclass
 class Progress:
     """Where training stands; saved in checkpoints so that a resumed run continues exactly."""
@@ -183,60 +140,6 @@ class Progress:
     best_val_loss: float = float("inf")
     needle_loss_sum: float = 0.0  # key-token loss of the passkey examples since the last log line
     needle_tokens: int = 0
-
-
-def rng_states() -> dict[str, Any]:
-    """torch, numpy and python RNG states as plain containers."""
-    numpy_state = np.random.get_state(legacy=False)
-    numpy_state["state"]["key"] = numpy_state["state"]["key"].tolist()
-    return {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": list(random.getstate()[1])}
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    numpy_state = dict(states["numpy"])
-    numpy_state["state"] = {**numpy_state["state"], "key": np.asarray(numpy_state["state"]["key"], np.uint32)}
-    np.random.set_state(numpy_state)
-    random.setstate((3, tuple(states["python"]), None))
-
-
-def optimizer_state(model: nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
-    """The model, optimizer and schedule of a training loop as checkpoint entries."""
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-    }
-
-
-def load_optimizer_state(state: dict[str, Any], model: nn.Module, optimizer: Any, scheduler: Any) -> None:
-    """Restore what `optimizer_state` saved."""
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-
-
-class StopSignal:
-    """Records SIGTERM / SIGINT during training instead of dying mid-step (pre-emption)."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignal:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[sig] = signal.signal(sig, self._record)
-            except ValueError:  # not the main thread (e.g. a thread-based launcher): no handler
-                pass
-        return self
-
-    def _record(self, signum: int, frame: Any) -> None:
-        self.received = signum
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 class Trainer:

@@ -1,0 +1,120 @@
+"""A run directory used again: a finished run is kept or refused, an unfinished one continues from its
+checkpoint after a compatibility check, and a model is loaded from another run's checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from posab.checkpoint import load_checkpoint
+from posab.config import Config, config_container
+from posab.errors import ConfigError
+from posab.io import write_text
+from posab.model import DecoderLM
+from posab.results import flatten
+from posab.wandb_logger import RUN_ID_FILE
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = {"latest": "checkpoint.pt", "best": "checkpoint_best.pt", "passkey": "checkpoint_passkey.pt"}
+RESUME_KEYS = (
+    "model",
+    "encoding",
+    "seed",
+    "data.source",
+    "data.anchors",
+    "data.synthetic",
+    "data.tokenizer",
+    "data.vocab_size",
+    "train.seq_len",
+    "train.batch_size",
+    "train.grad_accum",
+)
+
+
+def previous_wandb_id(run_dir: Path) -> str | None:
+    path = run_dir / RUN_ID_FILE
+    return path.read_text().strip() if path.is_file() else None
+
+
+def finished_results(raw_cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
+    """The results of the finished run in `run_dir`, if there is one and `train.overwrite` is not set."""
+    previous = run_dir / "results.json"
+    if not previous.is_file() or OmegaConf.select(raw_cfg, "train.overwrite", default=False) is True:
+        return None
+    results = json.loads(previous.read_text())
+    return results if results.get("status") == "finished" else None
+
+
+def keep_finished_run(raw_cfg: DictConfig, run_dir: Path, multirun: bool) -> dict[str, Any] | None:
+    """A finished run's directory is not reused unless `train.overwrite=true`: a single run refuses; a
+    sweep rerun into its own folder (`hydra.sweep.dir=...`) keeps the finished jobs and continues the rest."""
+    previous = finished_results(raw_cfg, run_dir)
+    if previous is not None and not multirun:
+        raise ConfigError(
+            f"'{run_dir}' holds a finished run; pass train.overwrite=true to replace it, "
+            "or choose another hydra.run.dir"
+        )
+    if previous is not None:
+        log.info("%s holds a finished run: kept (train.overwrite=true would rerun it)", run_dir)
+    return previous
+
+
+def resume_state(cfg: Config, run_dir: Path, truncate: bool = True) -> dict[str, Any] | None:
+    """The checkpoint to continue from (train.resume=auto and one exists), after a compatibility check.
+
+    metrics.jsonl is cut back to the checkpoint's step, so the resumed run's log has no duplicate steps.
+    """
+    path = run_dir / CHECKPOINTS["latest"]
+    if cfg.train.resume == "never" or not path.is_file():
+        return None
+    state = load_checkpoint(path)
+    check_compatible(state.get("config", {}), config_container(cfg), path, RESUME_KEYS)
+    if truncate:  # a passkey stage logs past the language model's steps: keep what its checkpoint holds
+        stage = run_dir / CHECKPOINTS["passkey"]
+        stage_steps = load_checkpoint(stage)["step"] if stage.is_file() else 0
+        truncate_metrics(run_dir / "metrics.jsonl", state["step"] + stage_steps)
+    log.info("resuming from %s at step %d", path, state["step"])
+    return state
+
+
+def check_compatible(
+    saved: dict[str, Any], current: dict[str, Any], path: Path, keys: tuple[str, ...]
+) -> None:
+    """ConfigError listing every field under `keys` where the checkpoint's config differs from this one."""
+    saved_flat, current_flat = flatten(saved), flatten(current)
+    fields = sorted(k for k in saved_flat.keys() | current_flat.keys() if k.startswith(keys))
+    differ = [f for f in fields if saved_flat.get(f) != current_flat.get(f)]
+    if differ:
+        details = "; ".join(
+            f"{f}: {saved_flat.get(f)!r} in the checkpoint, {current_flat.get(f)!r} now" for f in differ
+        )
+        raise ConfigError(f"checkpoint '{path}' comes from an incompatible config: {details}")
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep the lines of metrics.jsonl up to `step` (atomically)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    write_text(path, "".join(line + "\n" for line in kept))
+
+
+def load_model_state(cfg: Config, model: DecoderLM, path: Path) -> int:
+    """Load the model of checkpoint `path` after a compatibility check of the model and encoding; returns
+    its step."""
+    state = load_checkpoint(path)
+    check_compatible(state.get("config", {}), config_container(cfg), path, ("model", "encoding"))
+    model.load_state_dict(state["model"])
+    return int(state["step"])
+
+
+def load_initial_model(cfg: Config, model: DecoderLM) -> None:
+    """The model of the run in `train.init_from` (its latest checkpoint)."""
+    path = Path(cfg.train.init_from or "") / CHECKPOINTS["latest"]
+    step = load_model_state(cfg, model, path)
+    log.info("initialised from %s (step %d)", path, step)
