@@ -26,6 +26,8 @@ from matplotlib.ticker import ScalarFormatter
 from posab.io import write_text
 from posab.plots import new_figure, save_figure
 from posab.report import ReportError, find_runs, run_names
+from posab.report.markdown import markdown_table
+from posab.summary import cell
 
 
 @dataclass
@@ -79,10 +81,6 @@ def load_stage_run(run_dir: Path, name: str) -> StageRun | None:
     )
 
 
-def _cell(value: Any, fmt: str) -> str:
-    return format(float(value), fmt) if isinstance(value, int | float) else "–"
-
-
 def run_row(run: StageRun) -> list[str]:
     """One table row: per-length needle accuracy | gain | attention mass, then perplexity per length."""
     e, lengths = run.eval, run.lengths()
@@ -90,16 +88,16 @@ def run_row(run: StageRun) -> list[str]:
     last_start = sum(steps[:-1])  # probes taken while the stage trained at its last length
     probes = [acc for step, acc in run.probes if step > last_start]
     cells = [run.label]
-    cells += [_cell(e.get(f"needle/acc@{n}"), ".2f") for n in lengths]
-    cells += [_cell(e.get(f"needle/gain@{n}"), ".1f") for n in lengths]
-    cells += [_cell(e.get(f"needle/attn_mass@{n}"), ".2f") for n in lengths]
+    cells += [cell(e.get(f"needle/acc@{n}"), ".2f") for n in lengths]
+    cells += [cell(e.get(f"needle/gain@{n}"), ".1f") for n in lengths]
+    cells += [cell(e.get(f"needle/attn_mass@{n}"), ".2f") for n in lengths]
     cells += [
-        _cell(run.stage.get("needle_loss"), ".3f"),
+        cell(run.stage.get("needle_loss"), ".3f"),
         f"{min(probes):.2f}–{max(probes):.2f}" if probes else "–",
-        _cell(run.stage.get("time_s"), ".0f"),
-        _cell(run.results.get("wall_time_s"), ".0f"),
+        cell(run.stage.get("time_s"), ".0f"),
+        cell(run.results.get("wall_time_s"), ".0f"),
     ]
-    cells += [_cell(e.get(f"ppl/{n}"), ".2f") for n in lengths]
+    cells += [cell(e.get(f"ppl/{n}"), ".2f") for n in lengths]
     return cells
 
 
@@ -107,14 +105,9 @@ def digit_row(run: StageRun) -> list[str]:
     """Accuracy of each key digit (teacher-forced argmax) at each length: which digit fails first."""
     e, digits = run.eval, sorted(k for k in run.eval if k.startswith("needle/digit_acc/d"))
     return [run.label] + [
-        " ".join(_cell(e.get(f"needle/digit_acc@{n}/d{d}"), ".2f") for d in range(len(digits)))
+        " ".join(cell(e.get(f"needle/digit_acc@{n}/d{d}"), ".2f") for d in range(len(digits)))
         for n in run.lengths()
     ]
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def needle_markdown(runs: Sequence[StageRun]) -> str:

@@ -29,7 +29,8 @@ SHIFT_ROWS = (  # (label, shift kind, metric, format)
 )
 
 
-def _cell(value: Any, fmt: str) -> str:
+def cell(value: Any, fmt: str) -> str:
+    """A number in `fmt`, or – when the value is missing or not a number."""
     return format(float(value), fmt) if is_number(value) else "–"
 
 
@@ -53,7 +54,7 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str
 def length_table(scalars: Mapping[str, Any]) -> list[str]:
     lengths = _numbers(list(scalars), "ppl/{}") or _numbers(list(scalars), "needle/acc@{}")
     rows = [
-        [label, *(_cell(scalars.get(key.format(n)), fmt) for n in lengths)]
+        [label, *(cell(scalars.get(key.format(n)), fmt) for n in lengths)]
         for label, key, fmt in LENGTH_ROWS
         if any(key.format(n) in scalars for n in lengths)
     ]
@@ -65,7 +66,7 @@ def shift_table(scalars: Mapping[str, Any]) -> list[str]:
     for label, kind, metric, fmt in SHIFT_ROWS:
         ks = _numbers(list(scalars), f"shift/{kind}{{}}/{metric}")
         if ks:
-            cells = [f"k={k}: {_cell(scalars[f'shift/{kind}{k}/{metric}'], fmt)}" for k in ks]
+            cells = [f"k={k}: {cell(scalars[f'shift/{kind}{k}/{metric}'], fmt)}" for k in ks]
             lines.append(f"{label:<20}" + "   ".join(cells))
     return lines
 
