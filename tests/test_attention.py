@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from posab.attention import QUERY_CHUNK, BiasedAttention, attention, causal_mask
-from posab.encodings import Dims, Positions
-from posab.encodings.hierarchical import TableGather
+from posab.encodings import BiasFactors, Dims, Positions
 from posab.encodings.rope import RoPE
 from tolerances import EPS32, EPS_BF16, assert_close_to_scale
 
@@ -75,19 +74,61 @@ def test_biased_attention_in_bf16_is_close_to_fp32() -> None:
     assert_close_to_scale(bf16, expected, rel=4 * EPS_BF16, msg="bf16")
 
 
-def test_table_gather_gradient_equals_indexing() -> None:
-    g = torch.Generator().manual_seed(0)
-    table = torch.randn(3, 11, generator=g, requires_grad=True)
-    index = torch.randint(0, 11, (2, 6, 6), generator=g)
-    grad = torch.randn(2, 3, 6, 6, generator=g)
-    TableGather.apply(table, index).backward(grad)
-    (table64,) = float64(table)
-    reference = table64[:, index].permute(1, 0, 2, 3)  # indexing in float64: autograd's own backward
-    reference.backward(grad.double())
-    torch.testing.assert_close(TableGather.apply(table, index), reference.float(), rtol=0, atol=0)  # a gather
-    # each table entry sums the gradients of the ~72/11 ~ 7 pairs that read it, in float32: a few EPS32
-    # of the largest; 1e-5 = 84 EPS32, while a pair summed into the wrong entry is off by ~1e-1
-    assert_close_to_scale(table.grad, table64.grad, rel=1e-5)
+def random_factors(batch: int, length: int, rank: int) -> BiasFactors:
+    """A float32 query factor and a one-hot key factor of `rank` slots, as the hierarchical bias makes."""
+    g = torch.Generator().manual_seed(1)
+    query = torch.randn(batch, 3, length, rank, generator=g).requires_grad_()
+    slots = torch.randint(0, rank, (batch, 1, length, 1), generator=g).sort(dim=2).values
+    return BiasFactors(query, (slots == torch.arange(rank)).float())
+
+
+@pytest.mark.parametrize("shared_mask", [True, False])
+@pytest.mark.parametrize("length", [5, QUERY_CHUNK + 7])
+@pytest.mark.parametrize("score_scale", [None, 1.0])
+def test_bias_factors_equal_the_dense_bias_forward_and_backward(
+    shared_mask: bool, length: int, score_scale: float | None
+) -> None:
+    """Attention with bias factors (BiasedAttention's dU = dS E; with a score scale, the whole mask through
+    autograd) gives the explicit softmax with the dense bias U E^T added, and the same gradients for q, k,
+    v, the mask's bias and U."""
+    q, k, v, bias = random_inputs(2, 1, length, torch.float32)
+    factors = random_factors(2, length, 4)
+    grad_out = torch.randn(2, 3, length, 8)
+    results = []
+    for path in ("fused", "explicit"):
+        inputs = [q, k, v, bias, factors.query] if path == "fused" else float64(q, k, v, bias, factors.query)
+        key = factors.key.to(inputs[0].dtype)
+        mask = inputs[3] + causal_mask(length, q.device).to(inputs[3].dtype) if shared_mask else None
+        if path == "fused":
+            scale = None if score_scale is None else torch.full((1, 3, length, length), score_scale)
+            out = attention(*inputs[:3], mask, scale=scale, factors=BiasFactors(inputs[4], key))
+        else:
+            dense = BiasFactors(inputs[4], key).dense()  # (B, H, T, T)
+            full = dense + (mask if mask is not None else causal_mask(length, q.device).double())
+            out = explicit_attention(*inputs[:3], full)
+        out.backward(grad_out.to(out.dtype))
+        results.append([out.detach(), *(t.grad if t.grad is not None else torch.zeros(1) for t in inputs)])
+    # float32 sums over <= 71 keys and 8 channels (dU: over the keys of a slot): observed ~1e-6 of each
+    # tensor's largest entry; 1e-5 = 84 EPS32, while dU from the wrong slot or chunk is off by ~1e-1
+    for name, fast, slow in zip(("out", "dq", "dk", "dv", "dbias", "dU"), *results, strict=True):
+        assert_close_to_scale(fast, slow, rel=1e-5, msg=name)
+
+
+def test_bias_factors_in_every_path_give_the_same_output() -> None:
+    """With the factors: the learned-bias path (BiasedAttention), the constant-mask path, the causal-only
+    path and the explicit-softmax path (a score scale of 1) agree."""
+    q, k, v, bias = random_inputs(2, 1, 20, torch.float32)
+    factors = BiasFactors(random_factors(2, 20, 3).query.detach(), random_factors(2, 20, 3).key)
+    zero_mask = causal_mask(20, q.device).expand(1, 3, 20, 20)
+    learned = attention(q, k, v, (zero_mask + 0 * bias).requires_grad_(), factors=factors)
+    constant = attention(q, k, v, zero_mask, factors=factors)
+    causal = attention(q, k, v, None, factors=factors)
+    explicit = attention(q, k, v, zero_mask, scale=torch.ones(1, 3, 20, 20), factors=factors)
+    # float32 kernels with other summation orders over 20 keys: 1e-5 = 84 EPS32; a path that drops the
+    # factors is off by ~1e-1 of the output's scale
+    for name, out in (("constant", constant), ("causal", causal), ("explicit", explicit)):
+        assert_close_to_scale(out, learned, rel=1e-5, msg=name)
+    assert (attention(q, k, v, None) - learned).abs().max() > 1e-2 * learned.abs().max()
 
 
 def test_rope_matches_the_rotation_formula_and_cached_tables_honour_offsets() -> None:

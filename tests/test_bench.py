@@ -129,10 +129,10 @@ def test_all_pairs_references_match_the_modules(name: str, overrides: list[str])
     encoding = tiny_model(name, *overrides).encoding
     reference = all_pairs_reference(encoding)
     assert reference is not None
-    assert_close_to_scale(encoding.bias(pos), reference(pos), rel=64 * EPS32, msg="float32")
+    assert_close_to_scale(encoding.dense_bias(pos), reference(pos), rel=64 * EPS32, msg="float32")
     encoding.double()
     assert reference(pos).dtype == torch.float64
-    assert_close_to_scale(encoding.bias(pos), reference(pos), rel=1e-12, msg="float64")
+    assert_close_to_scale(encoding.dense_bias(pos), reference(pos), rel=1e-12, msg="float64")
 
 
 def test_peak_memory_sees_a_temporary_tensor() -> None:

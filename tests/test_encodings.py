@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import pytest
 import torch
 
 from conftest import tiny_model
+from posab.attention import QUERY_CHUNK
 from posab.encodings import Dims, Positions
 from posab.encodings.alibi import ALiBi, alibi_slopes
 from posab.encodings.hierarchical import Hierarchical
@@ -122,13 +124,42 @@ def test_hierarchical_distinct_distances_equal_all_pairs(combine: str) -> None:
             enc.mix.normal_()
     _, sentence, paragraph = structured_batch(length=30)
     pos = Positions.build(30, sentence=sentence, paragraph=paragraph)
-    fast = enc.bias(pos)  # (B, H, L, L), float32
+    fast = enc.dense_bias(pos)  # (B, H, L, L): the token level's Toeplitz + the levels' factors, float32
     enc = copy.deepcopy(enc).double()
     slow = hierarchical_all_pairs(enc, pos)  # the reference: every level on all pairs, mixed, in float64
-    assert_close_to_scale(enc.bias(pos), slow, rel=1e-12, msg="float64")  # the identity, in float64
+    assert_close_to_scale(enc.dense_bias(pos), slow, rel=1e-12, msg="float64")  # the identity, in float64
     # float32: three levels of MLP (as in the multi-scale test) and a 12-term mix: observed ~1e-7 of the
     # bias's scale; 1e-5 = 84 EPS32, while a level read at the wrong distance is ~1e-1 of it
     assert_close_to_scale(fast, slow, rel=1e-5, msg="float32")
+
+
+@pytest.mark.parametrize("levels", [["token", "sentence", "paragraph"], ["sentence"]])
+def test_hierarchical_model_equals_the_all_pairs_bias_forward_and_backward(levels: list[str]) -> None:
+    """The model with the hierarchical bias as it runs (token Toeplitz mask + sentence/paragraph factor
+    channels on q and k), in float32, against the same weights in float64 with the whole bias computed
+    all-pairs and passed as one (B, H, L, L) mask: equal logits and equal gradients of every parameter."""
+    model = tiny_model("hierarchical", f"encoding.levels=[{','.join(levels)}]").train()
+    with torch.no_grad():
+        model.encoding.mix.normal_()  # a mix other than the sum
+    reference = copy.deepcopy(model).double()
+    reference.encoding.bias = functools.partial(hierarchical_all_pairs, reference.encoding)
+    reference.encoding.bias_factors = lambda pos: None
+    reference.encoding.static_bias = False
+    tokens, sentence, paragraph = structured_batch(length=QUERY_CHUNK + 9)
+    targets = torch.roll(tokens, -1, dims=1)
+    for net in (model, reference):
+        logits = net(tokens, sentence, paragraph)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+    # float32 through four layers (sums over <= 73 keys, 16 + 8 channels): observed ~1e-6 of each
+    # tensor's scale; 1e-5 = 84 EPS32, while a level read at the wrong slot is off by ~1e-1 of it
+    expected = reference(tokens, sentence, paragraph)
+    assert_close_to_scale(model(tokens, sentence, paragraph), expected, rel=1e-5)
+    largest = max(scale_of(p.grad) for p in reference.parameters())
+    for (name, fast), slow in zip(model.named_parameters(), reference.parameters(), strict=True):
+        if scale_of(slow.grad) < 1e-6 * largest:  # an MLP's output bias: a per-head constant, which the
+            assert scale_of(fast.grad) < 1e-5 * largest, name  # softmax ignores (gradient 0 + rounding)
+        else:
+            assert_close_to_scale(fast.grad, slow.grad, rel=1e-5, msg=name)
 
 
 def test_hierarchical_levels_and_anchor_independence() -> None:
@@ -139,10 +170,10 @@ def test_hierarchical_levels_and_anchor_independence() -> None:
     flat = Positions.build(20, sentence=torch.zeros_like(sentence), paragraph=torch.zeros_like(paragraph))
     full = Positions.build(20, sentence=sentence, paragraph=paragraph)
     # the same float32 computation on the same token distances: equal up to an ulp at most
-    assert_close_to_scale(token_only.bias(flat), token_only.bias(full), rel=4 * EPS32)
+    assert_close_to_scale(token_only.dense_bias(flat), token_only.dense_bias(full), rel=4 * EPS32)
     torch.manual_seed(0)
     all_levels = Hierarchical(Dims(32, 4))
-    assert not torch.allclose(all_levels.bias(flat), all_levels.bias(full))
+    assert not torch.allclose(all_levels.dense_bias(flat), all_levels.dense_bias(full))
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,11 @@
   dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d), dV = P^T dO and dMask = dS (summed over the batch when the
   mask is shared). Autograd then carries dMask into the bias (for a Toeplitz bias: the sum of dS along
   each diagonal).
+- A per-sample bias of low rank (`BiasFactors` U, E: the hierarchical bias's sentence and paragraph
+  levels): the whole mask, the shared mask plus U E^T, is built once per forward pass in the attention
+  dtype (`full_mask`; one matmul of R channels) and the flash kernel reads it. `BiasedAttention`'s backward
+  recomputes P from it and carries dS into the factors directly, dU = dS E per query chunk: the
+  (B, H, L, L) gradient of the per-sample part is never formed, nor any L x L index.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from posab.encodings import BiasFactors
 
 QUERY_CHUNK = 64  # measured fastest on 2 CPU cores at L=512 (64: 0.081 s, 128: 0.086 s, 256: 0.117 s)
 
@@ -42,14 +49,26 @@ def attention(
     dropout: float = 0.0,
     backend: str = "sdpa",
     scale: Tensor | None = None,
+    factors: BiasFactors | None = None,
+    whole: Tensor | None = None,
 ) -> Tensor:
     """q, k, v: (B, H, T, D); mask: (1|B, H, T, T) additive, causal part included, or None -> (B, H, T, D).
 
     backend `flex` runs FlexAttention (compiled) where it can: on a GPU, and on the CPU without gradients
     (PyTorch has no FlexAttention backward on the CPU); everything else takes the SDPA paths. `scale`
     (1|B, H, T, T) multiplies q.k / sqrt(d) before the mask is added (form (2) of the design note): no
-    fused kernel does that, so it takes an explicit softmax.
+    fused kernel does that, so it takes an explicit softmax. `factors` add U E^T to the mask; `whole` is
+    `full_mask(mask, factors, q.dtype)` when the caller already built it (once for all layers).
     """
+    if factors is not None:
+        trained = [t for t in (mask, factors.query) if t is not None and t.requires_grad]
+        learned = torch.is_grad_enabled() and bool(trained)
+        if learned and q.device.type == "cpu" and dropout == 0.0 and scale is None:
+            whole = full_mask(mask, factors, q.dtype) if whole is None else whole
+            return BiasedAttention.apply(q, k, v, mask, whole, factors.query, factors.key)
+        if learned or whole is None:  # elsewhere with gradients: the whole mask through autograd
+            whole = full_mask(mask, factors, q.dtype)
+        mask = whole
     if scale is not None:
         return scaled_attention(q, k, v, mask, scale, dropout)
     if backend == "flex" and dropout == 0.0 and (q.device.type == "cuda" or not torch.is_grad_enabled()):
@@ -59,6 +78,16 @@ def attention(
     if mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu" and dropout == 0.0:
         return BiasedAttention.apply(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+
+
+def full_mask(mask: Tensor | None, factors: BiasFactors, dtype: torch.dtype) -> Tensor:
+    """The mask (or the causal mask) plus the factors' product U E^T, in `dtype`: (B, H, T, T).
+
+    In bf16 the product's entry (a sum of one term per level) is rounded once and the mask added to it:
+    the roundings of a gathered bias summed over its levels."""
+    t = factors.query.shape[-2]
+    product = torch.matmul(factors.query.to(dtype), factors.key.to(dtype).transpose(-1, -2))  # (B, H, T, T)
+    return product + (causal_mask(t, product.device) if mask is None else mask).to(dtype)
 
 
 def attention_scores(
@@ -133,39 +162,61 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
 
 
 class BiasedAttention(torch.autograd.Function):
-    """Flash-kernel attention with a differentiable additive mask (CPU); see the module docstring."""
+    """Flash-kernel attention with a differentiable additive mask and/or bias factors (CPU); see the module
+    docstring. `whole` is the mask the scores get (mask + U E^T, `full_mask`), or None: `mask` itself."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        whole: Tensor | None = None,
+        factor_query: Tensor | None = None,
+        factor_key: Tensor | None = None,
+    ) -> Tensor:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        scores_mask = mask.to(q.dtype) if whole is None else whole.to(q.dtype)  # (1|B, H, T, T)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=mask.to(q.dtype)
+            q, k, v, 0.0, False, attn_mask=scores_mask
         )  # out: (B, H, T, D), lse: (B, H, T)
-        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.mask_shape = None if mask is None else (mask.shape, mask.dtype)
+        ctx.factor_dtype = None if factor_query is None else factor_query.dtype
+        ctx.save_for_backward(q, k, v, mask if whole is None else whole, factor_key, out, lse)
         return out
 
     @staticmethod
-    def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        q, k, v, mask, out, lse = ctx.saved_tensors
+    def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, scores_mask, factor_key, out, lse = ctx.saved_tensors
         d_out = d_out.to(q.dtype).contiguous()
         scale = 1.0 / math.sqrt(q.shape[-1])
         delta = (d_out.float() * out.float()).sum(-1, keepdim=True)  # (B, H, T, 1)
         dq = torch.empty_like(q)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        d_mask = torch.empty(mask.shape, dtype=torch.float32, device=mask.device)
+        d_mask = None if ctx.mask_shape is None else torch.zeros(ctx.mask_shape[0], device=q.device)
+        d_factor = None
+        if factor_key is not None:
+            factor_key = factor_key.to(q.dtype)
+            d_factor = torch.empty(*q.shape[:3], factor_key.shape[-1], device=q.device)  # (B, H, T, R)
         length = q.shape[-2]
         for start in range(0, length, QUERY_CHUNK):
             end = min(length, start + QUERY_CHUNK)  # queries start:end see keys 0:end
             q_c, k_c, v_c, d_out_c = q[:, :, start:end], k[:, :, :end], v[:, :, :end], d_out[:, :, start:end]
             probs = torch.matmul(q_c, k_c.transpose(-1, -2)).float()  # (B, H, c, end)
-            probs.mul_(scale).add_(mask[..., start:end, :end]).sub_(lse[:, :, start:end, None]).exp_()
+            probs.mul_(scale).add_(scores_mask[..., start:end, :end]).sub_(lse[:, :, start:end, None]).exp_()
             d_scores = torch.matmul(d_out_c, v_c.transpose(-1, -2)).float()  # dP: (B, H, c, end)
             d_scores.sub_(delta[:, :, start:end]).mul_(probs)  # dS = P * (dP - D)
-            d_mask[..., start:end, :end] = d_scores.sum(0, keepdim=True) if mask.shape[0] == 1 else d_scores
-            d_mask[..., start:end, end:] = 0.0  # masked keys
+            if d_mask is not None:  # keys past `end` are masked: their gradient stays 0
+                shared = d_mask.shape[0] == 1
+                d_mask[..., start:end, :end] = d_scores.sum(0, keepdim=True) if shared else d_scores
             probs_c, d_scores_c = probs.to(q.dtype), d_scores.to(q.dtype)
+            if d_factor is not None:  # dU = dS E, in q's dtype as dq: (B, H, c, end) @ (B, 1, end, R)
+                d_factor[:, :, start:end] = torch.matmul(d_scores_c, factor_key[:, :, :end])
             dv[:, :, :end] += torch.matmul(probs_c.transpose(-1, -2), d_out_c).float()
             dq[:, :, start:end] = torch.matmul(d_scores_c, k_c) * scale
             dk[:, :, :end] += torch.matmul(d_scores_c.transpose(-1, -2), q_c).float() * scale
-        return dq, dk.to(k.dtype), dv.to(v.dtype), d_mask.to(mask.dtype)
+        d_mask = None if d_mask is None else d_mask.to(ctx.mask_shape[1])
+        d_factor = None if d_factor is None else d_factor.to(ctx.factor_dtype)
+        return dq, dk.to(k.dtype), dv.to(v.dtype), d_mask, None, d_factor, None

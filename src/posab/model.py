@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posab.attention import AttentionInputs, attention, causal_mask
-from posab.encodings import INIT_STD, Encoding, Positions
+from posab.attention import AttentionInputs, attention, causal_mask, full_mask
+from posab.encodings import INIT_STD, BiasFactors, Encoding, Positions
 from posab.errors import require, require_positive
 
 BACKENDS = ("sdpa", "flex")
@@ -50,6 +50,8 @@ class LayerContext:
     pos: Positions
     mask: Tensor | None  # (1|B, H, T, T) additive, causal part included, or None (causal only)
     scale: Tensor | None  # (1|B, H, T, T) multiplies q.k / sqrt(D) before the mask, or None
+    factors: BiasFactors | None  # a per-sample bias of low rank (the hierarchical levels), or None
+    whole: Tensor | None  # (B, H, T, T) mask + the factors' product, no gradient (with factors only)
     observe: Observer | None  # called by each layer with its `AttentionInputs`, or None
 
 
@@ -86,13 +88,16 @@ class CausalSelfAttention(nn.Module):
         return q, k, v
 
     def forward(self, x: Tensor, layer: LayerContext) -> Tensor:
-        """x: (B, T, C) -> (B, T, C); `layer.observe`, when set, receives q, k, mask and scale first."""
+        """x: (B, T, C) -> (B, T, C); `layer.observe`, when set, receives q, k, the whole mask and scale."""
         b, t, c = x.shape
         q, k, v = self.queries_keys_values(x, layer.encoding, layer.pos)  # 3 x (B, H, T, D)
         if layer.observe is not None:
-            layer.observe(AttentionInputs(q, k, layer.mask, layer.scale))
+            mask = layer.mask if layer.whole is None else layer.whole
+            layer.observe(AttentionInputs(q, k, mask, layer.scale))
         dropout = self.dropout if self.training else 0.0
-        y = attention(q, k, v, layer.mask, dropout, self.backend, layer.scale)  # (B, H, T, D)
+        y = attention(
+            q, k, v, layer.mask, dropout, self.backend, layer.scale, layer.factors, layer.whole
+        )  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))  # (B, H, T, D) -> (B, T, C)
 
 
@@ -159,7 +164,10 @@ class DecoderLM(nn.Module):
         x = self.encoding.embed(self.embed(tokens), pos)  # (B, T, C)
         mask = self._mask(pos, attention_dtype(x))
         scale = self.encoding.score_scale(pos)  # (1|B, H, T, T) or, for most encodings, None
-        layer = LayerContext(self.encoding, pos, mask, scale, observe)
+        factors = self.encoding.bias_factors(pos)  # None but for the hierarchical bias
+        with torch.no_grad():  # built once for every layer; gradients reach the factors in `attention`
+            whole = None if factors is None else full_mask(mask, factors, attention_dtype(x))
+        layer = LayerContext(self.encoding, pos, mask, scale, factors, whole, observe)
         for block in self.blocks:
             x = block(x, layer)
         return self.head(self.norm(x))

@@ -1,5 +1,9 @@
 """Section 1: the learned biases alone, the modules' distinct-distance method against the all-pairs
-reference of `posab.encodings.reference`, in three phases, at every evaluation length."""
+reference of `posab.encodings.reference`, in three phases, at every evaluation length.
+
+The distinct-distance method is the whole bias as the model builds it (`Encoding.dense_bias`): for the
+hierarchical bias, the token level's Toeplitz plus the product of the sentence and paragraph factors (the
+model's `full_mask`); its backward is the factors' gradient dU = G E that attention's backward computes."""
 
 from __future__ import annotations
 
@@ -58,7 +62,7 @@ def bias_rows(
     if reference is None:
         raise ValueError(f"{name} has no all-pairs reference bias (posab.encodings.reference)")
     pos = structured_positions(length)
-    distinct, all_pairs = partial(encoding.bias, pos), partial(reference, pos)
+    distinct, all_pairs = partial(encoding.dense_bias, pos), partial(reference, pos)
     with torch.inference_mode(), autocast(CPU, dtype):
         expected = distinct()
     grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1)).to(expected.dtype)

@@ -1,7 +1,8 @@
 """The one interface the model calls, whatever encoding it holds.
 
 An encoding may add to the token embeddings (`embed`), rotate queries and keys (`rotate`), return an
-additive attention bias (`bias`) and/or a multiplicative factor on the attention scores (`score_scale`).
+additive attention bias (`bias`, and a per-sample part of low rank as `bias_factors`) and/or a multiplicative
+factor on the attention scores (`score_scale`).
 All are no-ops by default. Everything an encoding needs about positions arrives in one `Positions` value.
 An encoding may also offer evaluation-time variants (`variants`, `variant`: RoPE's context extensions),
 keep its parameters in their valid set after each optimizer step (`constrain`), report numbers about
@@ -73,6 +74,23 @@ class Positions:
         return self.token.shape[0]
 
 
+@dataclass
+class BiasFactors:
+    """An additive attention bias of rank R per sample, as two factors:
+    bias[b, h, i, j] = query[b, h, i, :] . key[b, 0, j, :].
+
+    The model never forms the (B, H, T, T) product: it appends the factors to q and k as R extra channels
+    (`posab.attention`), so a per-sample bias costs R channels of the attention's own matmuls.
+    """
+
+    query: Tensor  # (B, H, T, R)
+    key: Tensor  # (B, 1, T, R)
+
+    def dense(self) -> Tensor:
+        """The bias itself: (B, H, T, R) @ (B, 1, R, T) -> (B, H, T, T)."""
+        return torch.matmul(self.query, self.key.transpose(-1, -2))
+
+
 class Encoding(nn.Module):
     """Base class: no positional information at all (NoPE) unless a method is overridden.
 
@@ -82,7 +100,7 @@ class Encoding(nn.Module):
     """
 
     relative_only: bool = True
-    static_bias: bool = False  # the bias depends only on the sequence length (it may be cached per length)
+    static_bias: bool = False  # `bias` depends only on the sequence length (it may be cached per length)
     variants: tuple[str, ...] = ()  # evaluation-time variants `variant` accepts (none by default)
 
     def __init__(self, dims: Dims) -> None:
@@ -100,6 +118,18 @@ class Encoding(nn.Module):
     def bias(self, pos: Positions) -> Tensor | None:
         """Additive attention bias (1 or B, H, T, T) with [.., i, j] for query i and key j, or None."""
         return None
+
+    def bias_factors(self, pos: Positions) -> BiasFactors | None:
+        """A per-sample additive bias of low rank, added to `bias`, or None (most encodings)."""
+        return None
+
+    def dense_bias(self, pos: Positions) -> Tensor | None:
+        """The whole additive bias as one tensor, `bias` plus the product of `bias_factors`:
+        (1 or B, H, T, T), or None. For checking and analysis; the model never forms it."""
+        bias, factors = self.bias(pos), self.bias_factors(pos)
+        if factors is None:
+            return bias
+        return factors.dense() if bias is None else bias + factors.dense()
 
     def score_scale(self, pos: Positions) -> Tensor | None:
         """Multiplicative factor (1 or B, H, T, T) on q.k / sqrt(d) before the bias, or None (form (2))."""

@@ -9,9 +9,14 @@ It has no per-head constant: softmax over the keys ignores a constant added to e
 so such a term never changes the model (runs before issue 13 had one, `mix_bias`; loading their
 checkpoints drops it).
 
-Each level's MLP runs on that level's distinct distances only. The mix is linear, so it is applied to the
-small per-distance tables before they are gathered: exactly the note's mix of the per-pair biases, at a
-cost independent of L^2.
+Each level's MLP runs on that level's distinct distances only, and the mix is applied to these small
+per-distance tables (the mix is linear: exactly the note's mix of the per-pair biases).
+
+- The token level depends on the length only: a shared (1, H, L, L) Toeplitz bias (`bias`), as multiscale.
+- A sentence (paragraph) level is per sample, but of low rank: with u_j = s_j - min(s) in 0..R-1 over the
+  window, b(s_i - s_j) = sum_v b(u_i - v) [u_j = v], so the bias is U E^T with U[i, v] = b(u_i - v) and E
+  the one-hot of u_j: R = (the window's sentence span + 1) channels (`bias_factors`), about L / 60 for
+  text. The model appends them to q and k; no (B, H, L, L) tensor is built, nor its gradient.
 """
 
 from typing import Any
@@ -19,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding, Positions, distances, toeplitz
+from posab.encodings.base import BiasFactors, Dims, Encoding, Positions, distances, toeplitz
 from posab.encodings.multiscale import DistanceMLP
 from posab.errors import ConfigError
 
@@ -29,6 +34,7 @@ COMBINES = ("mix", "sum")
 
 class Hierarchical(Encoding):
     relative_only = True
+    static_bias = True  # `bias` (the token level); the structural levels come through `bias_factors`
 
     def __init__(
         self,
@@ -54,18 +60,38 @@ class Hierarchical(Encoding):
             # mix[l] maps level l's H heads to the output H heads; starts as the plain sum
             self.mix = nn.Parameter(torch.eye(h).repeat(len(self.levels), 1, 1))  # (levels, H, H)
 
-    def bias(self, pos: Positions) -> Tensor:
-        total: Tensor | None = None
-        if "token" in self.levels:
-            mlp = self.level_mlps["token"]
-            table = self._mixed("token", mlp(distances(pos.length, mlp.taus.device)))  # (H, 2L-1)
-            total = toeplitz(table, pos.length)[None]  # (1, H, L, L)
-        structural = [level for level in self.levels if level != "token"]
-        if structural:
-            level_bias = self._structural_bias(structural, pos)  # (B, H, L, L)
-            total = level_bias if total is None else total + level_bias
-        assert total is not None
-        return total
+    def bias(self, pos: Positions) -> Tensor | None:
+        """The token level: (1, H, L, L), or None without it."""
+        if "token" not in self.levels:
+            return None
+        mlp = self.level_mlps["token"]
+        table = self._mixed("token", mlp(distances(pos.length, mlp.taus.device)))  # (H, 2L-1)
+        return toeplitz(table, pos.length)[None]  # (1, H, L, L)
+
+    def bias_factors(self, pos: Positions) -> BiasFactors | None:
+        """The sentence and paragraph levels, their factors side by side: (B, H, L, R_s + R_p) and
+        (B, 1, L, R_s + R_p); None with the token level alone."""
+        factors = [self._level_factors(level, pos) for level in self.levels if level != "token"]
+        if not factors:
+            return None
+        if len(factors) == 1:
+            return factors[0]
+        query = torch.cat([f.query for f in factors], dim=-1)  # (B, H, L, R_s + R_p)
+        key = torch.cat([f.key for f in factors], dim=-1)  # (B, 1, L, R_s + R_p)
+        return BiasFactors(query, key)
+
+    def _level_factors(self, level: str, pos: Positions) -> BiasFactors:
+        """U (B, H, L, R) and E (B, 1, L, R) of one structural level; R = its largest span + 1."""
+        units = self._indices(pos, level)  # (B, L)
+        unit = units - units.amin(dim=1, keepdim=True)  # (B, L): u = 0 .. span per sample
+        rank = int(unit.max()) + 1
+        values = torch.arange(-(rank - 1), rank, device=units.device, dtype=torch.float32)  # (2R-1,)
+        table = self._mixed(level, self.level_mlps[level](values))  # (H, 2R-1): b(d) at d + R - 1
+        slots = torch.arange(rank, device=units.device)  # (R,)
+        index = unit[:, :, None] - slots + (rank - 1)  # (B, L, R): u_i - v + R - 1
+        query = table[:, index].permute(1, 0, 2, 3)  # (H, B, L, R) -> (B, H, L, R)
+        key = (unit[:, None, :, None] == slots).to(query.dtype)  # (B, 1, L, R) one-hot of u_j
+        return BiasFactors(query, key)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         """Drop `mix_bias` from a checkpoint made before it was removed: a per-head constant, which the
@@ -79,28 +105,6 @@ class Hierarchical(Encoding):
             return table
         return self.mix[self.levels.index(level)] @ table  # (H, H) @ (H, N) -> (H, N)
 
-    def _structural_bias(self, levels: list[str], pos: Positions) -> Tensor:
-        """The sentence and/or paragraph biases, summed, with one gather: (B, H, L, L).
-
-        Each level's table covers its distinct unit distances -S..S. The tables are summed into one joint
-        table over (sentence distance, paragraph distance), indexed by the flattened pair of distances.
-        """
-        joint: Tensor | None = None
-        index: Tensor | None = None
-        for level in levels:
-            units = self._indices(pos, level)  # (B, L)
-            relative = units[:, :, None] - units[:, None, :]  # (B, L, L)
-            span = int((units.amax(dim=1) - units.amin(dim=1)).max())
-            values = torch.arange(-span, span + 1, device=units.device, dtype=torch.float32)  # (2S+1,)
-            table = self._mixed(level, self.level_mlps[level](values))  # (H, 2S+1)
-            if joint is None or index is None:
-                joint, index = table, relative + span
-            else:
-                joint = (joint[:, :, None] + table[:, None, :]).flatten(1)  # (H, N, 2S+1) -> (H, N * (2S+1))
-                index = index * (2 * span + 1) + relative + span
-        assert joint is not None and index is not None
-        return TableGather.apply(joint, index)
-
     @staticmethod
     def _indices(pos: Positions, level: str) -> Tensor:
         indices = pos.sentence if level == "sentence" else pos.paragraph
@@ -109,27 +113,3 @@ class Hierarchical(Encoding):
                 f"the hierarchical bias needs {level} indices; pass them to the model with the tokens"
             )
         return indices
-
-
-class TableGather(torch.autograd.Function):
-    """out[b, h, i, j] = table[h, index[b, i, j]], with the table gradient as a weighted bincount.
-
-    Autograd's own backward of indexing sorts the (B, L, L) index to accumulate; a bincount per head over
-    the flattened index is 3-4x faster here and needs no (B, H, L, N) buffer.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, table: Tensor, index: Tensor) -> Tensor:
-        ctx.save_for_backward(index)
-        ctx.size = table.shape[1]
-        return table[:, index].permute(1, 0, 2, 3)  # (H, B, L, L) -> (B, H, L, L)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        (index,) = ctx.saved_tensors
-        flat = index.flatten()
-        rows = [
-            torch.bincount(flat, weights=grad[:, h].flatten().float(), minlength=ctx.size)
-            for h in range(grad.shape[1])
-        ]
-        return torch.stack(rows).to(grad.dtype), None
