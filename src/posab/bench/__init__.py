@@ -1,6 +1,6 @@
 """Performance benchmark: bias construction, training steps, evaluation, a peer library, FLOP/s.
 
-    python scripts/bench.py [--quick] [--out DIR] [--sections 1,2,3,4,5] [--repeats N] [--threads N]
+    python scripts/bench.py [--quick] [--out DIR] [--sections 1,2,3,4,5,6] [--repeats N] [--threads N]
                             [--no-progress]
 
 Sections (sizes from the composed config: the default model, train.seq_len x train.batch_size, and
@@ -17,7 +17,11 @@ eval.lengths; `--quick` swaps in the tiny model, L=64, batch 2 and lengths 64, 1
 4. The same Trainer step for x-transformers' model (the `bench` extra) with the same sizes: rope vs its
    rotary_pos_emb, alibi vs alibi_pos_bias, multiscale vs dynamic_pos_bias; ratio posab / x-transformers.
    (`peer.py`)
-5. Model FLOP/s of the default model's training step as a share of the measured matmul peak. (`flops.py`)
+5. Model FLOP/s of a training step as a share of the measured matmul peak in the training dtype, for the
+   default model and `model=medium` (the 40% target's), with the matmul kernels that ran (`kernels.py`:
+   torch's CPU capability and oneDNN's primitive, in bench.md's machine table). (`flops.py`)
+6. Where a training step goes: `torch.profiler` operators by self CPU time per step, for nope, rope,
+   alibi, hierarchical and x-transformers' rotary model; whole tables in profile_<case>.txt. (`profile.py`)
 
 The goals the tables are held to are data (`targets.py`); `output.py` writes one CSV per section,
 targets.csv and bench.md, into results/bench/ for a full run and outputs/bench_quick/ for a quick one.

@@ -1,4 +1,4 @@
-"""The benchmark's command line: `python scripts/bench.py [--quick] [--out DIR] [--sections 1,2,3,4,5]
+"""The benchmark's command line: `python scripts/bench.py [--quick] [--out DIR] [--sections 1,2,3,4,5,6]
 [--repeats N] [--threads N] [--no-progress]` (see `posab.bench`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from posab.bench import bias, eval_forward, flops, output, peer, train_step
+from posab.bench import bias, eval_forward, flops, output, peer, profile, train_step
 from posab.bench.progress import Progress
 from posab.bench.settings import Settings
 from posab.bench.targets import evaluate
@@ -21,6 +21,7 @@ SECTIONS: dict[int, Callable[[Settings, Progress], output.Result]] = {
     3: eval_forward.section,
     4: peer.section,
     5: flops.section,
+    6: profile.section,
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from posab.bench.kernels import kernel_facts
 from posab.bench.settings import Settings, dtype_name, precision
 from posab.bench.targets import Target
 
@@ -45,12 +46,14 @@ METHOD = """\
 
 @dataclass
 class Result:
-    """One section's table (`key`: its CSV's name), or why it was skipped."""
+    """One section's table (`key`: its CSV's name), or why it was skipped; `files`: more text files the
+    section writes next to its CSV (name -> text)."""
 
     key: str
     title: str
     rows: list[dict[str, Any]] = field(default_factory=list)
     skipped: str | None = None
+    files: dict[str, str] = field(default_factory=dict)
 
 
 def output_folder(out: Path | None, quick: bool) -> Path:
@@ -92,6 +95,8 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def write_section(folder: Path, result: Result) -> None:
     """The section's CSV; a skipped section removes an earlier run's, which must not pass for this run's."""
+    for name, text in result.files.items():
+        (folder / name).write_text(text, encoding="utf-8")
     table = folder / f"{result.key}.csv"
     if result.rows:
         write_csv(table, result.rows)
@@ -115,6 +120,7 @@ def machine(settings: Settings) -> list[dict[str, Any]]:
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        **kernel_facts(),
         "dtype": f"{dtype} autocast" if dtype == "bf16" else "fp32",
         "mode": "quick" if settings.quick else "full",
         "warm-up / timed runs": f"{settings.warmup} / {settings.repeats}",

@@ -66,9 +66,14 @@ def peer_model(option: str, cfg: Config) -> nn.Module:
     )
 
 
+def peer_available() -> bool:
+    """Whether x-transformers (the `bench` extra) is installed."""
+    return importlib.util.find_spec("x_transformers") is not None
+
+
 def section(settings: Settings, progress: Progress) -> Result:
     result = Result("section4_x_transformers", "4. Training step: posab vs x-transformers")
-    if importlib.util.find_spec("x_transformers") is None:
+    if not peer_available():
         result.skipped = "x-transformers is not installed (pip install -e '.[bench]'); section 4 skipped"
         return result
     for name, option in progress.over(list(PEERS.items()), "section 4"):

@@ -12,8 +12,9 @@ from posab.device import autocast_dtype
 from posab.paths import conf_dir
 
 CPU = torch.device("cpu")
+QUICK_MODEL = "tiny"
 QUICK_OVERRIDES = (
-    "model=tiny",
+    f"model={QUICK_MODEL}",
     "train.seq_len=64",
     "train.batch_size=2",
     "eval.lengths=[64,128]",
@@ -32,16 +33,18 @@ class Settings:
     warmup: int
     overrides: tuple[str, ...]
     matmul_size: int
+    flops_models: tuple[str, ...]  # section 5's model configs
 
     @staticmethod
     def build(quick: bool, repeats: int | None) -> Settings:
         if quick:
-            return Settings(True, repeats or 1, 1, QUICK_OVERRIDES, 256)
-        return Settings(False, repeats or 5, 2, (), 2048)
+            return Settings(True, repeats or 1, 1, QUICK_OVERRIDES, 256, (QUICK_MODEL,))
+        return Settings(False, repeats or 5, 2, (), 2048, ("small", "medium"))
 
-    def config(self, encoding: str | None = None) -> Config:
-        """The composed run config with the benchmark's overrides (and `encoding=NAME` when given)."""
-        overrides = [*self.overrides, *([f"encoding={encoding}"] if encoding else [])]
+    def config(self, encoding: str | None = None, *extra: str) -> Config:
+        """The composed run config with the benchmark's overrides (and `encoding=NAME` when given, and
+        `extra` overrides)."""
+        overrides = [*self.overrides, *([f"encoding={encoding}"] if encoding else []), *extra]
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             return load_config(compose(config_name="config", overrides=overrides))
 

@@ -19,7 +19,7 @@ TIME = "multiscale {phase} L={length}: all-pairs / distinct time"
 MEMORY = "multiscale {phase} L={length}: all-pairs / distinct peak memory"
 STEP_RATIO = "{encoding} step time / nope"
 PEER_RATIO = "{posab} / x-transformers {x_transformers} step time"
-FLOPS_SHARE = "model FLOP/s / {dtype} matmul peak"
+FLOPS_SHARE = "model={model} FLOP/s / {dtype} matmul peak"
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,8 @@ GOALS: tuple[Goal, ...] = (
     Goal(PEER, "posab=rope", "ratio <= 0.6", PEER_RATIO),
     Goal(PEER, "posab=alibi", "ratio <= 0.6", PEER_RATIO),
     Goal(PEER, "posab=multiscale", "ratio <= 0.6", PEER_RATIO),
-    # achieved model FLOP/s as a share of the matmul peak
-    Goal(FLOPS, "", "share_pct >= 40", FLOPS_SHARE, unit="%"),
+    # achieved model FLOP/s as a share of the matmul peak, for the model large enough to be compute-bound
+    Goal(FLOPS, "model=medium", "share_pct >= 40", FLOPS_SHARE, unit="%"),
 )
 
 
