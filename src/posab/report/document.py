@@ -1,5 +1,6 @@
-"""The report folder: report.md (provenance, one table per study, the plots, failed runs, the files),
-runs.csv, the PNGs and configs/ (a copy of each run's config)."""
+"""The report folder: report.md (provenance, one table per study and its paired differences, the plots,
+failed runs, the files), runs.csv, paired_differences.csv, the PNGs and configs/ (a copy of each run's
+config)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,49 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+import pandas as pd
+
 from posab.report.curves import plot_training_curves, trained_rows
 from posab.report.figures import plot_needle, plot_position_loss, plot_ppl_vs_length, plot_shift
 from posab.report.grouping import Row, group_rows
-from posab.report.markdown import markdown_table, study_table
-from posab.report.records import VAL_CURVE_COLUMN, RunRecord
+from posab.report.markdown import MISSING, markdown_table, study_table
+from posab.report.records import (
+    VAL_CURVE_COLUMN,
+    WINDOW_STARTS_COLUMN,
+    WINDOWS_FILE,
+    WINDOWS_PREFIX,
+    RunRecord,
+)
 from posab.report.rundirs import join_nonempty
 from posab.report.runs_csv import write_csv
+from posab.report.stats import DRAWS, PAIRED_REFERENCES, PairedDifferences, paired_differences
+
+PAIRED_CSV = "paired_differences.csv"
+PAIRED_HEADER = (
+    "encoding, swept values",
+    "vs",
+    "length",
+    "Δ loss",
+    "95% interval",
+    "excludes 0",
+    "Δ tail loss",
+    "95% interval",
+    "excludes 0",
+)
+PAIRED_LEGEND = (
+    f"vs: the reference row ({' or '.join(f'`{r}`' for r in PAIRED_REFERENCES)}); every row of the study "
+    "but RoPE scaling views is compared with each reference but itself",
+    f"Δ loss: the row's mean per-window loss (`loss/L` of `{WINDOWS_FILE}`, over its seeds and the "
+    "evaluation windows) minus the reference's, nats per token; negative = lower loss than the reference",
+    "Δ tail loss: the same for the loss on the positions past the training length (`loss_tail/L`); "
+    f"{MISSING} at the training length and below",
+    f"95% interval: 2.5th and 97.5th percentiles of a paired bootstrap with {DRAWS:,} draws; each draw "
+    "resamples the windows with replacement, the same windows for the row and its reference (every run "
+    "scored the same windows: the pairing), and each row's seeds with replacement, independently per row (a "
+    "row of one seed adds no seed-to-seed variation)",
+    "excludes 0: yes when the interval lies wholly above 0 or wholly below 0, no when it contains 0",
+    f"`{PAIRED_CSV}`: every comparison, with the seeds of each row and the number of windows",
+)
 
 Plot = tuple[str, Callable[[Path], Path | None], str]  # (file name, draw into a path, why it may be skipped)
 
@@ -103,6 +140,39 @@ def _provenance(runs: Sequence[RunRecord], failed: int) -> list[str]:
     ]
 
 
+def _paired_cells(line: pd.Series | None) -> list[str]:
+    """Difference, interval and `excludes 0` of one comparison, signed with 3 decimals; MISSING for none."""
+    if line is None:
+        return [MISSING] * 3
+    interval = f"[{line['low']:+.3f}, {line['high']:+.3f}]"
+    return [f"{line['difference']:+.3f}", interval, "yes" if line["excludes_zero"] else "no"]
+
+
+def paired_table(frame: pd.DataFrame) -> list[str]:
+    """One study's paired differences (`paired_differences` lines) as a Markdown table: one line per row,
+    reference and length, the loss then the tail loss."""
+    body = []
+    for (row, reference, length), group in frame.groupby(["row", "reference", "length"], sort=False):
+        by_metric = {line["metric"]: line for _, line in group.iterrows()}
+        loss, tail = (_paired_cells(by_metric.get(metric)) for metric in ("loss", "loss_tail"))
+        body.append([row, reference, str(length), *loss, *tail])
+    return markdown_table(PAIRED_HEADER, body)
+
+
+def _paired_section(study: str, paired: PairedDifferences) -> list[str]:
+    """The paired differences of one study, its legend and the comparisons not made; none without either."""
+    frame = paired.frame[paired.frame["study"] == study]
+    notes = paired.notes.get(study, [])
+    if frame.empty and not notes:
+        return []
+    lines = [f"### Paired differences (study {study})", ""]
+    if not frame.empty:
+        lines += [*paired_table(frame), "", "Legend:", "", *(f"- {item}" for item in PAIRED_LEGEND), ""]
+    if notes:
+        lines += ["Not compared:", "", *(f"- {note}" for note in notes), ""]
+    return lines
+
+
 def _failed_section(failed: Sequence[RunRecord]) -> list[str]:
     lines = ["## Failed runs", "", "Every run whose status is not `finished`.", ""]
     if not failed:
@@ -112,14 +182,30 @@ def _failed_section(failed: Sequence[RunRecord]) -> list[str]:
     return [*lines, *markdown_table(["run", "status", "encoding", "error"], cells)]
 
 
-def _files_section(missing_configs: Sequence[str], has_curves: bool) -> list[str]:
-    curves = f" `{VAL_CURVE_COLUMN}` holds [step, val/loss] pairs as JSON." if has_curves else ""
+def _files_section(runs: Sequence[RunRecord], missing_configs: Sequence[str], has_paired: bool) -> list[str]:
+    """What each file of the folder holds; the optional columns and files only where they are written."""
+    curves = (
+        f" `{VAL_CURVE_COLUMN}` holds [step, val/loss] pairs as JSON."
+        if any(r.val_curve for r in runs)
+        else ""
+    )
+    windows = (
+        f" `{WINDOWS_PREFIX}KEY` columns hold each run's per-window losses (KEY as in `{WINDOWS_FILE}`: "
+        f"`loss/L`, `loss_tail/L`, ...) and `{WINDOW_STARTS_COLUMN}` the windows' start offsets, as JSON "
+        "lists."
+    )
+    paired = (
+        f"- `{PAIRED_CSV}`: one line per paired difference (study, row, reference, length, metric) with its "
+        "interval, the seeds of each row and the number of windows."
+    )
     return [
         "",
         "## Files",
         "",
         "- `runs.csv`: one row per run (finished or not) with every scalar result and the swept config "
-        f"values (`config.KEY`); `position_loss/L` columns hold JSON lists.{curves}",
+        f"values (`config.KEY`); `position_loss/L` columns hold JSON lists.{curves}"
+        + (windows if any(r.windows for r in runs) else ""),
+        *([paired] if has_paired else []),
         "- `configs/<run>.yaml`: the resolved config of each run"
         + (f" (none for: {', '.join(missing_configs)})" if missing_configs else "")
         + ".",
@@ -127,20 +213,25 @@ def _files_section(missing_configs: Sequence[str], has_curves: bool) -> list[str
 
 
 def write_report(runs: Sequence[RunRecord], out_dir: Path) -> Path:
-    """Write report.md, runs.csv, the plots and configs/ into `out_dir`; returns the report.md path."""
+    """Write report.md, runs.csv, paired_differences.csv (where there are paired differences), the plots and
+    configs/ into `out_dir`; returns the report.md path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     table = group_rows(runs)
     failed = [r for r in runs if not r.finished]
     lines = _provenance(runs, len(failed))
+    paired = paired_differences(table)
     for study, rows in table.items():
-        lines += [f"## Study `{study}`", "", *study_table(rows), ""]
+        lines += [f"## Study `{study}`", "", *study_table(rows), "", *_paired_section(study, paired)]
     if table:
         lines += ["## Plots", "", *write_plots(table, out_dir)]
     else:
         lines += ["No finished runs: no tables and no plots.", ""]
     lines += _failed_section(failed)
-    lines += _files_section(copy_configs(runs, out_dir / "configs"), any(r.val_curve for r in runs))
+    has_paired = not paired.frame.empty
+    lines += _files_section(runs, copy_configs(runs, out_dir / "configs"), has_paired)
     write_csv(runs, out_dir / "runs.csv")
+    if has_paired:
+        paired.frame.to_csv(out_dir / PAIRED_CSV, index=False, encoding="utf-8")
     report = out_dir / "report.md"
     report.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return report

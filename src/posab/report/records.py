@@ -34,6 +34,10 @@ SERIES_PREFIX = "position_loss/"
 VAL_CURVE_KEY = "val/loss"  # the metrics.jsonl key of the validation loss logged during training
 VAL_CURVE_COLUMN = "val_loss_curve"  # its runs.csv column: [[step, loss], ...] as JSON
 SEQ_LEN_KEY = "train.seq_len"
+WINDOWS_FILE = "perplexity_windows.npz"  # a run's per-window mean losses (`loss/L`, ...) and `starts`
+WINDOW_STARTS_KEY = "starts"  # the array of WINDOWS_FILE that holds the windows' start offsets
+WINDOWS_PREFIX = "windows:"  # runs.csv: `windows:loss/512` holds that key's per-window losses as JSON
+WINDOW_STARTS_COLUMN = "window_starts"  # runs.csv: the windows' start offsets as JSON
 
 
 class ReportError(Exception):
@@ -56,6 +60,8 @@ class RunRecord:
     series: dict[str, list[float]]  # position_loss/L: mean loss per position bin
     config_path: Path | None = None
     val_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, val/loss) during training
+    windows: dict[str, list[float]] = field(default_factory=dict)  # "loss/512" -> mean loss of each window
+    window_starts: list[int] = field(default_factory=list)  # start offset of each of those windows
 
     @property
     def finished(self) -> bool:

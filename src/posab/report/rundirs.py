@@ -1,6 +1,7 @@
 """Run directories: finding them, naming them, and reading each into a `RunRecord`.
 
-A run directory holds `results.json` and `config.yaml` (and, for the training curve, `metrics.jsonl`).
+A run directory holds `results.json` and `config.yaml` (and, for the training curve, `metrics.jsonl`; for
+the paired differences, `perplexity_windows.npz`).
 Configs of runs made before an encoding option existed are completed with the values they ran with.
 """
 
@@ -13,6 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import OmegaConf
 
 from posab.paths import encoding_options
@@ -20,6 +22,8 @@ from posab.report.records import (
     RUN_METRICS,
     SERIES_PREFIX,
     VAL_CURVE_KEY,
+    WINDOW_STARTS_KEY,
+    WINDOWS_FILE,
     ReportError,
     RunRecord,
     natural_key,
@@ -78,6 +82,7 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
     info = _run_info(results, config)
     seed = results.get("seed", config.get("seed"))
     group = config.get("logger.group", "null")
+    windows, starts = read_windows(path / WINDOWS_FILE)
     return RunRecord(
         name=name or path.name,
         status=str(results.get("status", "unknown")),
@@ -91,6 +96,8 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
         series=series,
         config_path=path / "config.yaml",
         val_curve=read_val_curve(path / "metrics.jsonl"),
+        windows=windows,
+        window_starts=starts,
     )
 
 
@@ -154,6 +161,23 @@ def read_val_curve(path: Path) -> list[tuple[int, float]]:
         if VAL_CURVE_KEY in record:
             curve[int(record["step"])] = float(record[VAL_CURVE_KEY])
     return sorted(curve.items())
+
+
+def read_windows(path: Path) -> tuple[dict[str, list[float]], list[int]]:
+    """The per-window mean losses of a run's perplexity_windows.npz by key (`loss/512`, `loss_tail/1024`),
+    and the windows' start offsets; both empty without the file.
+
+    Each loss is rounded to 7 significant digits (about what its float32 holds), so that the run read from
+    its directory and the same run read back from runs.csv hold identical numbers."""
+    if not path.is_file():
+        return {}, []
+    with np.load(path) as arrays:
+        windows = {
+            key: [float(f"{v:.7g}") for v in arrays[key].tolist()]
+            for key in arrays.files
+            if key != WINDOW_STARTS_KEY
+        }
+        return windows, [int(s) for s in arrays[WINDOW_STARTS_KEY].tolist()]
 
 
 @cache

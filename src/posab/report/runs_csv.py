@@ -18,6 +18,8 @@ from posab.report.records import (
     SERIES_PREFIX,
     SUMMARY_METRICS,
     VAL_CURVE_COLUMN,
+    WINDOW_STARTS_COLUMN,
+    WINDOWS_PREFIX,
     RunRecord,
     natural_key,
 )
@@ -27,13 +29,16 @@ LINE_END = "\r\n"  # as Python's csv module writes, so that runs.csv files writt
 
 def write_csv(runs: Sequence[RunRecord], path: Path) -> Path:
     """One row per run: INFO_COLUMNS, the training length and swept config values (`config.KEY`), every
-    scalar result (summary first, then the rest sorted), then position_loss/L as JSON lists and, where a
-    run has one, the validation-loss curve as JSON [step, loss] pairs (`val_loss_curve`)."""
+    scalar result (summary first, then the rest sorted), then position_loss/L as JSON lists, where a run
+    has one, the validation-loss curve as JSON [step, loss] pairs (`val_loss_curve`) and, where a run has
+    them, its per-window losses (`windows:loss/L`, ...) and the windows' starts (`window_starts`) as JSON
+    lists."""
     keys = study_keys(runs)
     swept = {k for study in keys.values() for k in study}
     config_keys = sorted(swept | {SEQ_LEN_KEY}, key=natural_key)
     metric_keys = sorted({k for r in runs for k in r.metrics} - set(SUMMARY_METRICS), key=natural_key)
     series_keys = sorted({k for r in runs for k in r.series}, key=natural_key)
+    window_keys = sorted({k for r in runs for k in r.windows}, key=natural_key)
     columns = [
         *INFO_COLUMNS,
         *(CONFIG_PREFIX + k for k in config_keys),
@@ -41,6 +46,8 @@ def write_csv(runs: Sequence[RunRecord], path: Path) -> Path:
         *metric_keys,
         *series_keys,
         *([VAL_CURVE_COLUMN] if any(r.val_curve for r in runs) else []),
+        *(WINDOWS_PREFIX + k for k in window_keys),
+        *([WINDOW_STARTS_COLUMN] if any(r.window_starts for r in runs) else []),
     ]
     frame = pd.DataFrame([_csv_cells(r, run_label(r, keys[r.study])) for r in runs], columns=columns)
     frame.to_csv(path, index=False, lineterminator=LINE_END, encoding="utf-8")
@@ -57,6 +64,9 @@ def _csv_cells(run: RunRecord, label: str) -> dict[str, Any]:
     cells |= {k: json.dumps(v) for k, v in run.series.items()}
     if run.val_curve:
         cells[VAL_CURVE_COLUMN] = json.dumps(run.val_curve)
+    cells |= {WINDOWS_PREFIX + k: json.dumps(v) for k, v in run.windows.items()}
+    if run.window_starts:
+        cells[WINDOW_STARTS_COLUMN] = json.dumps(run.window_starts)
     return cells
 
 
@@ -70,7 +80,8 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
     filled = {k: v for k, v in row.items() if v != ""}
     config = {k[len(CONFIG_PREFIX) :]: v for k, v in filled.items() if k.startswith(CONFIG_PREFIX)}
     series = {k: json.loads(v) for k, v in filled.items() if k.startswith(SERIES_PREFIX)}
-    not_metrics = {*INFO_COLUMNS, *series, VAL_CURVE_COLUMN}
+    windows = {k: json.loads(v) for k, v in filled.items() if k.startswith(WINDOWS_PREFIX)}
+    not_metrics = {*INFO_COLUMNS, *series, *windows, VAL_CURVE_COLUMN, WINDOW_STARTS_COLUMN}
     metrics = {
         k: float(v) for k, v in filled.items() if k not in not_metrics and not k.startswith(CONFIG_PREFIX)
     }
@@ -88,4 +99,6 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
         series=series,
         config_path=config_path if config_path.is_file() else None,
         val_curve=[(int(step), float(loss)) for step, loss in json.loads(filled.get(VAL_CURVE_COLUMN, "[]"))],
+        windows={k.removeprefix(WINDOWS_PREFIX): [float(v) for v in values] for k, values in windows.items()},
+        window_starts=[int(s) for s in json.loads(filled.get(WINDOW_STARTS_COLUMN, "[]"))],
     )
