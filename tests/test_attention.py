@@ -49,6 +49,28 @@ def test_biased_attention_gradients_equal_the_reference(mask_batch: int, length:
         assert_close_to_scale(fast, slow, rel=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("length", [5, QUERY_CHUNK + 7])
+def test_causal_attention_in_training_equals_the_reference(length: int) -> None:
+    """Without a mask, training on the CPU takes BiasedAttention's backward with the causal mask alone:
+    the explicit causal softmax's output and gradients."""
+    q, k, v, _ = random_inputs(2, 1, length, torch.float32)
+    grad_out = torch.randn(2, 3, length, 8)
+    results = []
+    for path in ("fast", "explicit"):
+        inputs = [q, k, v] if path == "fast" else float64(q, k, v)
+        if path == "fast":
+            out = attention(*inputs, None)
+            assert out.grad_fn is not None and "BiasedAttention" in type(out.grad_fn).__name__
+        else:
+            out = explicit_attention(*inputs, causal_mask(length, q.device).double())
+        out.backward(grad_out.to(out.dtype))
+        results.append([out.detach(), *(t.grad for t in inputs)])
+    # as above: float32 sums over <= 71 keys and 8 channels, 1e-5 = 84 EPS32; a key past the diagonal
+    # let in, or a chunk's rows dropped, is off by ~1e-1
+    for name, fast, slow in zip(("out", "dq", "dk", "dv"), *results, strict=True):
+        assert_close_to_scale(fast, slow, rel=1e-5, msg=name)
+
+
 def test_attention_picks_the_path_and_matches_explicit_softmax() -> None:
     q, k, v, bias = random_inputs(2, 1, 9, torch.float32)
     mask = bias + causal_mask(9, bias.device)
