@@ -100,7 +100,8 @@ _in_e2e_test = False
 
 
 def _guarded_popen_new(cls, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
-    """Popen's constructor, refused before any process starts when the running test is not marked e2e."""
+    """Popen's constructor, refused before any process starts when the running test is not marked e2e
+    (or slow)."""
     program = venv_program(args, kwargs.get("executable"))
     if program is not None and not _in_e2e_test:
         raise AssertionError(f"a test that starts {program} in a subprocess must be marked e2e")
@@ -113,9 +114,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Before the item's fixtures are set up: whether it (and so the fixtures it starts) may launch."""
+    """Before the item's fixtures are set up: whether it (and so the fixtures it starts) may launch: e2e
+    tests, and slow ones (outside the fast tier too: FlexAttention's compile starts inductor's workers)."""
     global _in_e2e_test
-    _in_e2e_test = item.get_closest_marker("e2e") is not None
+    _in_e2e_test = any(item.get_closest_marker(marker) is not None for marker in ("e2e", "slow"))
 
 
 def run_train(args: list[str], cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess[str]:
