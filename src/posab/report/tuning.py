@@ -1,0 +1,137 @@
+"""Equal tuning of a study (the reference study's part 2): each encoding's learning rate and, for an
+encoding with parameters, the multiplier of its own group's learning rate, picked on the validation loss.
+
+    python scripts/tuning.py outputs/multirun/SWEEP [DIR ...] --out results/NAME
+
+Reads the runs as `scripts/report.py` does. Each finished run is one point (encoding, `train.lr`,
+`encoding.lr_mult`) scored by its final validation loss (`val_loss`: `train.val_windows` fixed windows of
+the valid split, the same for every run). Per encoding: the lr with the lowest loss among the runs at
+lr_mult 1, then the lr_mult with the lowest loss among the runs at that lr. A pick at the edge of the grid
+searched is flagged: the best rate may lie beyond it. Writes tuning.md (every point, the picks) and
+picks.csv; the picks are printed as the Hydra grid lines of a study that runs each encoding at them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from posab.report.cli import collect_runs
+from posab.report.markdown import markdown_table
+from posab.report.records import ReportError, RunRecord
+
+LR, MULT, SCORE = "train.lr", "encoding.lr_mult", "val_loss"
+
+
+@dataclass(frozen=True)
+class Pick:
+    encoding: str
+    lr: float
+    lr_mult: float
+    val_loss: float
+    edge: bool  # the picked lr is the smallest or largest of the grid searched
+
+
+def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
+    """One line per finished run: encoding, lr, lr_mult (1 when the run has none), val_loss."""
+    lines = [
+        {
+            "encoding": r.encoding,
+            "lr": float(r.config[LR]),
+            "lr_mult": float(r.config.get(MULT, 1.0)),
+            "val_loss": r.metrics.get(SCORE, math.nan),
+        }
+        for r in runs
+        if r.finished and LR in r.config
+    ]
+    if not lines:
+        raise ReportError(f"no finished runs with `{LR}` in their config")
+    return pd.DataFrame(lines)
+
+
+def picks(frame: pd.DataFrame) -> list[Pick]:
+    """Each encoding's best lr at lr_mult 1, then its best lr_mult at that lr (lowest val_loss)."""
+    chosen = []
+    for encoding, runs in frame.groupby("encoding", sort=False):
+        base = runs[runs["lr_mult"] == 1.0].dropna(subset=["val_loss"])
+        if base.empty:
+            raise ReportError(f"{encoding}: no finished run at encoding.lr_mult=1 with a val_loss")
+        lr = float(base.loc[base["val_loss"].idxmin(), "lr"])
+        at_lr = runs[runs["lr"] == lr].dropna(subset=["val_loss"])
+        best = at_lr.loc[at_lr["val_loss"].idxmin()]
+        grid = sorted(base["lr"].unique())
+        edge = len(grid) > 1 and lr in (grid[0], grid[-1])
+        chosen.append(Pick(str(encoding), lr, float(best["lr_mult"]), float(best["val_loss"]), edge))
+    return chosen
+
+
+def tuning_lines(frame: pd.DataFrame, chosen: Sequence[Pick]) -> list[str]:
+    """The Markdown table: each encoding's loss at every (lr, lr_mult) searched, its picks."""
+    columns = sorted({(lr, mult) for lr, mult in zip(frame["lr"], frame["lr_mult"], strict=True)})
+    header = ["encoding", *(f"lr {lr:g}" + (f" × {mult:g}" if mult != 1 else "") for lr, mult in columns)]
+    header += ["picked lr", "picked lr_mult", "val_loss"]
+    body = []
+    for pick in chosen:
+        runs = frame[frame["encoding"] == pick.encoding]
+        cells = []
+        for lr, mult in columns:
+            hit = runs[(runs["lr"] == lr) & (runs["lr_mult"] == mult)]["val_loss"]
+            cells.append(f"{hit.min():.4f}" if len(hit) else "—")
+        lr = f"{pick.lr:g}" + (" (edge)" if pick.edge else "")
+        body.append([pick.encoding, *cells, lr, f"{pick.lr_mult:g}", f"{pick.val_loss:.4f}"])
+    return markdown_table(header, body)
+
+
+def grid_lines(chosen: Sequence[Pick], seeds: str = "0,1,2") -> list[str]:
+    """Hydra `grids` entries that run each encoding at its picks."""
+    lines = []
+    for pick in chosen:
+        lines += [f"- seed: {seeds}", f"  encoding: {pick.encoding}", f"  {LR}: {pick.lr:g}"]
+        if pick.lr_mult != 1:
+            lines.append(f"  {MULT}: {pick.lr_mult:g}")
+    return lines
+
+
+def write_tuning(paths: Sequence[Path], out: Path) -> tuple[Path, list[Pick]]:
+    frame = points(collect_runs(paths))
+    chosen = picks(frame)
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([vars(p) for p in chosen]).to_csv(out / "picks.csv", index=False)
+    lines = [
+        "# Tuning: each encoding's learning rate and encoding lr_mult",
+        "",
+        (__doc__ or "").split("\n\n")[2].strip(),
+        "",
+        *tuning_lines(frame, chosen),
+        "",
+        "The picks as the grids of a study (seeds 0, 1, 2):",
+        "",
+        "```yaml",
+        *grid_lines(chosen),
+        "```",
+        "",
+    ]
+    path = out / "tuning.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path, chosen
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/tuning.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="run/sweep directories, or report folders")
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    args = parser.parse_args(argv)
+    try:
+        path, chosen = write_tuning(args.paths, args.out)
+    except ReportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(grid_lines(chosen)))
+    print(path)
+    return 0

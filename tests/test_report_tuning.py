@@ -1,0 +1,72 @@
+"""Equal tuning: each encoding's learning rate, then its encoding lr_mult, picked on the validation loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from posab.report.records import ReportError, RunRecord
+from posab.report.runs_csv import write_csv
+from posab.report.tuning import grid_lines, main, picks, points
+
+INFO = dict.fromkeys(("experiment", "overrides", "git_commit", "machine", "device", "precision"), "")
+
+
+def run(encoding: str, lr: float, val_loss: float, lr_mult: float | None = None) -> RunRecord:
+    config = {"seed": "0", "train.lr": str(lr)} | ({"encoding.lr_mult": str(lr_mult)} if lr_mult else {})
+    return RunRecord(
+        name=f"{encoding}-{lr}-{lr_mult}",
+        status="finished",
+        error="",
+        encoding=encoding,
+        seed=0,
+        study="tune",
+        info=INFO,
+        config=config,
+        metrics={"val_loss": val_loss},
+        series={},
+    )
+
+
+def sweep() -> list[RunRecord]:
+    """alibi: best at 3e-3 (no parameters); multiscale: best at 6e-3 (the edge), where lr_mult 10 helps;
+    t5: best at 1e-3 (the edge), where lr_mult 10 hurts."""
+    return [
+        run("alibi", 1e-3, 1.90),
+        run("alibi", 3e-3, 1.80),
+        run("alibi", 6e-3, 1.85),
+        *(run("multiscale", lr, loss, 1.0) for lr, loss in ((1e-3, 1.9), (3e-3, 1.7), (6e-3, 1.65))),
+        run("multiscale", 6e-3, 1.60, 10.0),
+        *(run("t5", lr, loss, 1.0) for lr, loss in ((1e-3, 1.7), (3e-3, 1.75), (6e-3, 1.9))),
+        run("t5", 1e-3, 1.72, 10.0),
+        run("t5", 6e-3, 1.10, 10.0),  # at a rate that is not t5's pick: not considered
+    ]
+
+
+def test_picks_take_the_best_lr_then_the_best_lr_mult_at_it() -> None:
+    chosen = {p.encoding: p for p in picks(points(sweep()))}
+    assert (chosen["alibi"].lr, chosen["alibi"].lr_mult, chosen["alibi"].edge) == (3e-3, 1.0, False)
+    assert (chosen["multiscale"].lr, chosen["multiscale"].lr_mult) == (6e-3, 10.0)
+    assert chosen["multiscale"].val_loss == 1.60 and chosen["multiscale"].edge
+    assert (chosen["t5"].lr, chosen["t5"].lr_mult, chosen["t5"].edge) == (1e-3, 1.0, True)
+    assert grid_lines([chosen["multiscale"]]) == [
+        "- seed: 0,1,2",
+        "  encoding: multiscale",
+        "  train.lr: 0.006",
+        "  encoding.lr_mult: 10",
+    ]
+
+
+def test_tuning_script_writes_the_table_and_picks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_csv(sweep(), tmp_path / "runs.csv")
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "tuning.md").read_text()
+    assert "| multiscale | 1.9000 | — | 1.7000 | 1.6500 | 1.6000 | 0.006 (edge) | 10 | 1.6000 |" in text
+    assert "encoding: alibi" in capsys.readouterr().out
+    assert (tmp_path / "out" / "picks.csv").read_text().count("\n") == 4  # header + 3 encodings
+
+
+def test_an_encoding_without_a_run_at_lr_mult_1_is_refused() -> None:
+    with pytest.raises(ReportError, match="t5: no finished run at encoding.lr_mult=1"):
+        picks(points([run("t5", 1e-3, 1.7, 10.0)]))
