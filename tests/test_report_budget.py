@@ -6,30 +6,20 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from report_runs import finished_run
 
 from posab.report.budget import loss_by_step, main, rankings, settled_step
 from posab.report.grouping import group_rows
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
 
-INFO = dict.fromkeys(("experiment", "overrides", "git_commit", "machine", "device", "precision"), "")
 STEPS = list(range(100, 1100, 100))
 
 
 def run(encoding: str, seed: int, losses: list[float]) -> RunRecord:
     """A finished run of study `s` whose validation loss at STEPS is `losses`."""
-    return RunRecord(
-        name=f"{encoding}-{seed}",
-        status="finished",
-        error="",
-        encoding=encoding,
-        seed=seed,
-        study="s",
-        info=INFO,
-        config={"seed": str(seed)},
-        metrics={},
-        series={},
-        val_curve=list(zip(STEPS, losses, strict=True)),
+    return finished_run(
+        f"{encoding}-{seed}", encoding, seed, "s", val_curve=list(zip(STEPS, losses, strict=True))
     )
 
 

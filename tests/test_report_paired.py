@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from report_runs import finished_run
 
 from posab.report.cli import collect_runs
 from posab.report.document import write_report
@@ -18,7 +19,6 @@ from posab.report.runs_csv import load_csv, write_csv
 from posab.report.stats import paired_differences
 
 STARTS = [0, 4096, 8192, 12288]
-INFO = dict.fromkeys(("experiment", "overrides", "git_commit", "machine", "device", "precision"), "")
 SECTION = "### Paired differences (study s)"
 
 
@@ -31,19 +31,9 @@ def record(
 ) -> RunRecord:
     """A finished run of study `s` with these per-window losses, rounded as a run directory's are."""
     rounded = {k: [float(f"{v:.7g}") for v in values] for k, values in windows.items()}
-    return RunRecord(
-        name=f"{encoding}-{seed}",
-        status="finished",
-        error="",
-        encoding=encoding,
-        seed=seed,
-        study="s",
-        info=INFO,
-        config={"seed": str(seed)},
-        metrics=metrics or {},
-        series={},
-        windows=rounded,
-        window_starts=list(STARTS if starts is None else starts),
+    starts = list(STARTS if starts is None else starts)
+    return finished_run(
+        f"{encoding}-{seed}", encoding, seed, "s", None, metrics, windows=rounded, window_starts=starts
     )
 
 

@@ -5,28 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from report_runs import finished_run
 
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
 from posab.report.tuning import grid_lines, main, picks, points
 
-INFO = dict.fromkeys(("experiment", "overrides", "git_commit", "machine", "device", "precision"), "")
-
 
 def run(encoding: str, lr: float, val_loss: float, lr_mult: float | None = None) -> RunRecord:
-    config = {"seed": "0", "train.lr": str(lr)} | ({"encoding.lr_mult": str(lr_mult)} if lr_mult else {})
-    return RunRecord(
-        name=f"{encoding}-{lr}-{lr_mult}",
-        status="finished",
-        error="",
-        encoding=encoding,
-        seed=0,
-        study="tune",
-        info=INFO,
-        config=config,
-        metrics={"val_loss": val_loss},
-        series={},
-    )
+    config = {"train.lr": str(lr)} | ({"encoding.lr_mult": str(lr_mult)} if lr_mult else {})
+    return finished_run(f"{encoding}-{lr}-{lr_mult}", encoding, 0, "tune", config, {"val_loss": val_loss})
 
 
 def sweep() -> list[RunRecord]:
