@@ -21,6 +21,7 @@ from posab.errors import ConfigError
 from posab.evaluate import EvalConfig, run_evaluator
 from posab.evaluate.context import EvalContext
 from posab.evaluate.perplexity import (
+    Perplexity,
     PerplexityConfig,
     binned,
     capped_tail_losses,
@@ -216,3 +217,22 @@ def test_binned_means() -> None:
     curve = torch.arange(8, dtype=torch.float32)
     assert binned(curve, 4) == [0.5, 2.5, 4.5, 6.5]
     assert binned(curve[:3], 8) == [0.0, 1.0, 2.0]
+
+
+def test_report_columns_show_tail_capped_and_bits_per_byte() -> None:
+    """ppl at every length, tail and capped perplexity where a run has them, bits per byte at the two ends."""
+    keys = {f"{kind}/{n}" for kind in ("ppl", "bpb") for n in (512, 1024, 2048)}
+    keys |= {f"{kind}/{n}" for kind in ("ppl_tail", "ppl_capped") for n in (1024, 2048)}
+    headers = [(c.header, c.key) for c in Perplexity.report_columns(keys | {"ppl@pi/1024", "loss/512"})]
+    assert headers == [
+        ("ppl@512", "ppl/512"),
+        ("ppl@1024", "ppl/1024"),
+        ("ppl@2048", "ppl/2048"),
+        ("tail@1024", "ppl_tail/1024"),
+        ("tail@2048", "ppl_tail/2048"),
+        ("capped@1024", "ppl_capped/1024"),
+        ("capped@2048", "ppl_capped/2048"),
+        ("bpb@512", "bpb/512"),
+        ("bpb@2048", "bpb/2048"),
+    ]
+    assert Perplexity.report_columns(set()) == []

@@ -259,6 +259,21 @@ def perplexity_curves(results: dict[str, Any], lengths: list[int]) -> dict[str, 
     }
 
 
+PPL_LEGEND = (
+    "perplexity over fixed non-overlapping windows of {n} tokens, each scored from its own start (`ppl/{n}`)"
+)
+TAIL_LEGEND = "perplexity of those windows' positions past the training length only (`ppl_tail/{n}`)"
+CAPPED_LEGEND = (
+    "the tail tokens rescored with their context cut to the training length (`ppl_capped/{n}`): above "
+    "tail@{n}, the model uses the context past the training length; equal, it ignores it; below, it hurts"
+)
+
+
+def lengths_of(kind: str, keys: Collection[str]) -> list[int]:
+    """The lengths L of the keys `kind/L` (kind: ppl, ppl_tail, ...), sorted."""
+    return sorted({int(m[1]) for k in keys if (m := re.fullmatch(rf"{kind}/(\d+)", k))})
+
+
 class Perplexity(Evaluator[PerplexityConfig]):
     """Perplexity at every `eval.lengths`, per-position loss, sliding-window and variant rows."""
 
@@ -290,14 +305,23 @@ class Perplexity(Evaluator[PerplexityConfig]):
 
     @staticmethod
     def report_columns(keys: Collection[str]) -> list[Column]:
-        lengths = sorted({int(m[1]) for k in keys if (m := re.fullmatch(r"ppl/(\d+)", k))})
+        """ppl at every length, tail and capped perplexity at every length past training, bits per byte at
+        the shortest and the longest length."""
+        every = lengths_of("ppl", keys)
+        ends = {min(every, default=0), max(every, default=0)}
         return [
-            Column(
-                f"ppl@{n}",
-                f"ppl/{n}",
-                ".2f",
-                f"perplexity over fixed non-overlapping windows of {n} tokens, each scored from its own "
-                f"start (`ppl/{n}`)",
-            )
-            for n in lengths
+            *(Column(f"ppl@{n}", f"ppl/{n}", ".2f", PPL_LEGEND.format(n=n)) for n in every),
+            *(
+                Column(f"tail@{n}", f"ppl_tail/{n}", ".2f", TAIL_LEGEND.format(n=n))
+                for n in lengths_of("ppl_tail", keys)
+            ),
+            *(
+                Column(f"capped@{n}", f"ppl_capped/{n}", ".2f", CAPPED_LEGEND.format(n=n))
+                for n in lengths_of("ppl_capped", keys)
+            ),
+            *(
+                Column(f"bpb@{n}", f"bpb/{n}", ".3f", f"bits per text byte (`bpb/{n}`)")
+                for n in lengths_of("bpb", keys)
+                if n in ends
+            ),
         ]
