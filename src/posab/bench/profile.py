@@ -68,4 +68,4 @@ def profile_step(step: Callable[[], object], settings: Settings) -> tuple[list[d
         }
         for event in ranked
     ]
-    return rows, averages.table(sort_by="self_cpu_time_total", row_limit=FULL_TABLE)
+    return rows, averages.table(sort_by="self_cpu_time_total", row_limit=FULL_TABLE, max_name_column_width=80)
