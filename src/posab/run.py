@@ -50,6 +50,7 @@ from posab.wandb_logger import WandbLogger
 
 
 def git_commit() -> str:
+    """The commit checked out in the source tree now ("unknown" outside a git checkout)."""
     root = source_root()
     try:
         out = subprocess.run(
@@ -58,6 +59,12 @@ def git_commit() -> str:
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+# The commit whose code this process runs: read once, when the code is imported. A Hydra multirun imports
+# posab once and runs every job in that process, so a commit made while a sweep runs is not the code of
+# its later jobs (runs before this fix recorded HEAD at each job's start).
+CODE_COMMIT = git_commit()
 
 
 def seed_everything(seed: int) -> None:
@@ -138,7 +145,7 @@ def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict
     started = time.time()
     results: dict[str, Any] = {
         "status": "running",
-        "git_commit": git_commit(),
+        "git_commit": CODE_COMMIT,
         "overrides": job.override_dirname,
     }
     logger: Logger | None = None
