@@ -4,6 +4,7 @@ report section, on synthetic per-window losses."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +138,26 @@ def test_every_row_but_scaling_views_is_compared_at_each_length() -> None:
     assert pairs == [("alibi", "nope"), ("nope", "alibi"), ("rope", "nope"), ("rope", "alibi")]
     keys = frame[(frame["row"] == "rope") & (frame["reference"] == "nope")][["length", "metric"]]
     assert keys.values.tolist() == [[64, "loss"], [128, "loss"], [128, "loss_tail"]]
+
+
+def test_a_reference_tuned_to_its_own_rate_is_its_encodings_only_row() -> None:
+    """Each encoding at its own learning rate: the labels show it, and `nope` and `alibi` still anchor the
+    comparisons; an encoding with two rows (two rates) is no reference."""
+    runs = []
+    for run in synthetic_study():
+        rate = {"nope": "0.003", "alibi": "0.001", "rope": "0.006"}[run.encoding]
+        runs.append(replace(run, config={**run.config, "train.lr": rate}))
+    table = group_rows(runs)
+    assert [row.label for row in table["s"]][:2] == ["alibi, train.lr=0.001", "nope, train.lr=0.003"]
+    frame = paired_differences(table).frame
+    pairs = list(dict.fromkeys(zip(frame["row"], frame["reference"], strict=True)))
+    nope, alibi, rope = "nope, train.lr=0.003", "alibi, train.lr=0.001", "rope, train.lr=0.006"
+    assert pairs == [(alibi, nope), (nope, alibi), (rope, nope), (rope, alibi)]
+    two_rates = [
+        replace(r, config={**r.config, "train.lr": str(r.seed)}) if r.encoding == "nope" else r for r in runs
+    ]
+    frame = paired_differences(group_rows(two_rates)).frame
+    assert set(frame["reference"]) == {alibi}
 
 
 def cells(found: pd.Series) -> str:

@@ -40,8 +40,9 @@ PAIRED_HEADER = (
     "excludes 0",
 )
 PAIRED_LEGEND = (
-    f"vs: the reference row ({' or '.join(f'`{r}`' for r in PAIRED_REFERENCES)}); every row of the study "
-    "but RoPE scaling views is compared with each reference but itself",
+    f"vs: the reference row ({' or '.join(f'`{r}`' for r in PAIRED_REFERENCES)}: the row of that label, or "
+    "else that encoding's only row); every row of the study but RoPE scaling views is compared with each "
+    "reference but itself",
     f"Δ loss: the row's mean per-window loss (`loss/L` of `{WINDOWS_FILE}`, over its seeds and the "
     "evaluation windows) minus the reference's, nats per token; negative = lower loss than the reference",
     "Δ tail loss: the same for the loss on the positions past the training length (`loss_tail/L`); "

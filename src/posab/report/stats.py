@@ -29,7 +29,7 @@ from posab.report.records import RunRecord
 ROW = "row"  # the column of run_values that names each run's row
 TABLE_STATISTICS = ("mean", "std", "count")  # std: pandas' sample std, ddof=1
 BAND_STATISTICS = ("mean", "min", "max")
-PAIRED_REFERENCES = ("nope", "alibi")  # the labels of the rows every other row is compared with
+PAIRED_REFERENCES = ("nope", "alibi")  # the rows every other row is compared with (`reference_rows`)
 PAIRED_METRICS = ("loss", "loss_tail")  # compared per-window keys: `loss/L`, `loss_tail/L` (L > training)
 PAIRED_KEY = re.compile(rf"({'|'.join(PAIRED_METRICS)})/(\d+)")  # "loss_tail/1024" -> metric, length
 DRAWS = 2000
@@ -119,9 +119,9 @@ def paired_differences(table: Mapping[str, Sequence[Row]], draws: int = DRAWS) -
     for study, rows in table.items():
         if not any(run.windows for row in rows for run in row.runs):
             continue
-        by_label = {row.label: row for row in rows if not row.scaling}
-        for arm in by_label.values():
-            for reference in (by_label[label] for label in PAIRED_REFERENCES if label in by_label):
+        references = reference_rows(rows)
+        for arm in (row for row in rows if not row.scaling):
+            for reference in references:
                 if reference is arm:
                     continue
                 compared, note = _compare(arm, reference, draws)
@@ -129,6 +129,18 @@ def paired_differences(table: Mapping[str, Sequence[Row]], draws: int = DRAWS) -
                 if note:
                     notes.setdefault(study, []).append(note)
     return PairedDifferences(pd.DataFrame(lines, columns=list(PAIRED_COLUMNS)), notes)
+
+
+def reference_rows(rows: Sequence[Row]) -> list[Row]:
+    """The row of each of PAIRED_REFERENCES that the study has: the row labelled with it, else its
+    encoding's only row (a study that tunes each encoding labels it `nope, train.lr=0.003`)."""
+    unscaled = [row for row in rows if not row.scaling]
+    found = []
+    for name in PAIRED_REFERENCES:
+        labelled = [row for row in unscaled if row.label == name]
+        of_encoding = [row for row in unscaled if row.encoding == name]
+        found += labelled or (of_encoding if len(of_encoding) == 1 else [])
+    return found
 
 
 def _compare(arm: Row, reference: Row, draws: int) -> tuple[list[dict[str, Any]], str]:
