@@ -53,6 +53,8 @@ def test_tuning_script_writes_the_table_and_picks(tmp_path: Path, capsys: pytest
     assert "| multiscale | 1.9000 | — | 1.7000 | 1.6500 | 1.6000 | 0.006 (edge) | 10 | 1.6000 |" in text
     assert "encoding: alibi" in capsys.readouterr().out
     assert (tmp_path / "out" / "picks.csv").read_text().count("\n") == 4  # header + 3 encodings
+    assert "](tuning.png)" in text
+    assert (tmp_path / "out" / "tuning.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_an_encoding_without_a_run_at_lr_mult_1_is_refused() -> None:

@@ -7,8 +7,9 @@ Reads the runs as `scripts/report.py` does. Each finished run is one point (enco
 `encoding.lr_mult`) scored by its final validation loss (`val_loss`: `train.val_windows` fixed windows of
 the valid split, the same for every run). Per encoding: the lr with the lowest loss among the runs at
 lr_mult 1, then the lr_mult with the lowest loss among the runs at that lr. A pick at the edge of the grid
-searched is flagged: the best rate may lie beyond it. Writes tuning.md (every point, the picks) and
-picks.csv; the picks are printed as the Hydra grid lines of a study that runs each encoding at them.
+searched is flagged: the best rate may lie beyond it. Writes tuning.md (every point, the picks), picks.csv
+and tuning.png (loss against lr per encoding); the picks are printed as the Hydra grid lines of a study
+that runs each encoding at them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pandas as pd
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
+from posab.report.styles import encoding_colours, report_figure, save_with_legend
 
 LR, MULT, SCORE = "train.lr", "encoding.lr_mult", "val_loss"
 
@@ -98,17 +100,45 @@ def grid_lines(chosen: Sequence[Pick], seeds: str = "0,1,2") -> list[str]:
     return lines
 
 
+def plot_tuning(frame: pd.DataFrame, chosen: Sequence[Pick], path: Path) -> Path:
+    """Final validation loss against lr (log scale), a line per encoding at lr_mult 1; runs at another
+    lr_mult as open squares; each encoding's pick circled."""
+    colours = encoding_colours(frame["encoding"])
+    fig, (ax,) = report_figure()
+    for pick in chosen:
+        runs = frame[frame["encoding"] == pick.encoding].sort_values("lr")
+        base = runs[runs["lr_mult"] == 1.0]
+        colour = colours[pick.encoding]
+        ax.plot(base["lr"], base["val_loss"], color=colour, marker="o", markersize=4, label=pick.encoding)
+        other = runs[runs["lr_mult"] != 1.0]
+        ax.plot(other["lr"], other["val_loss"], color=colour, marker="s", fillstyle="none", linestyle="none")
+        ax.plot([pick.lr], [pick.val_loss], color=colour, marker="o", markersize=11, fillstyle="none")
+    legend_only = {"color": "grey", "fillstyle": "none", "linestyle": "none"}
+    ax.plot([], [], marker="s", label="encoding.lr_mult ≠ 1", **legend_only)
+    ax.plot([], [], marker="o", markersize=11, label="pick", **legend_only)
+    ax.set_xscale("log")
+    ax.set_xticks(sorted(frame["lr"].unique()), [f"{lr:g}" for lr in sorted(frame["lr"].unique())])
+    ax.minorticks_off()
+    ax.set_xlabel("train.lr")
+    ax.set_ylabel(f"final {SCORE} (nats/token)")
+    ax.set_title("Equal tuning: final validation loss against learning rate")
+    return save_with_legend(fig, path, ax)
+
+
 def write_tuning(paths: Sequence[Path], out: Path) -> tuple[Path, list[Pick]]:
     frame = points(collect_runs(paths))
     chosen = picks(frame)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame([vars(p) for p in chosen]).to_csv(out / "picks.csv", index=False)
+    figure = plot_tuning(frame, chosen, out / "tuning.png")
     lines = [
         "# Tuning: each encoding's learning rate and encoding lr_mult",
         "",
         (__doc__ or "").split("\n\n")[2].strip(),
         "",
         *tuning_lines(frame, chosen),
+        "",
+        f"![final validation loss against learning rate]({figure.name})",
         "",
         "The picks as the grids of a study (seeds 0, 1, 2):",
         "",
