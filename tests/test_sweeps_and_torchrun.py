@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import subprocess
@@ -13,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from conftest import CONF, ENCODINGS, ROOT, isolated_env, run_train, tiny_model
+from conftest import CONF, ENCODINGS, ROOT, isolated_env, run_train, tiny_model, typed_config
 from hydra_plugins.posab_grid_sweeper.grid_sweeper import expand_grids
 
 
@@ -207,3 +208,29 @@ def test_grid_sweeper_without_grids_says_what_it_needs(tmp_path: Path) -> None:
                       f"hydra.sweep.dir={tmp_path / 'sweep'}"])  # fmt: skip
     assert proc.returncode != 0
     assert "hydra.sweeper.grids" in proc.stderr
+
+
+STUDY_CORE = {"nope", "sinusoidal", "alibi", "rope", "multiscale", "hierarchical"}  # issue 17's six
+
+
+def test_the_main_study_runs_every_encoding_x_3_seeds_at_its_tuned_picks() -> None:
+    """study_main's grids are part 2's picks (results/study/tuning/picks.csv), every encoding x seeds 0-2,
+    the passkey stage and needle grid for the six core encodings only; each job is a valid config."""
+    with (ROOT / "results" / "study" / "tuning" / "picks.csv").open() as file:
+        picks = {row["encoding"]: row for row in csv.DictReader(file)}
+    parser = OverridesParser.create()
+    grids = preset_grids("study_main")
+    jobs = [dict(o.split("=", 1) for o in job) for job in expand_grids(grids, [], parser)]
+    assert sorted({job["encoding"] for job in jobs}) == sorted(picks) == ENCODINGS
+    for job in jobs:
+        pick = picks[job["encoding"]]
+        assert float(job["train.lr"]) == float(pick["lr"])
+        assert float(job.get("encoding.lr_mult", 1)) == float(pick["lr_mult"])
+        staged = job["encoding"] in STUDY_CORE
+        assert job.get("passkey.enabled", "False") == job.get("eval.needle.enabled", "False") == str(staged)
+    assert sorted(job["seed"] for job in jobs) == sorted(["0", "1", "2"] * len(ENCODINGS))
+    one_seed = expand_grids(preset_grids("study_main"), parser.parse_overrides(["seed=1"]), parser)
+    assert len(one_seed) == len(ENCODINGS)  # `seed=N` on the command line: one seed per sweep
+    for job in one_seed:
+        cfg = typed_config(["+experiment=study_main", *job])
+        assert cfg.train.steps == 1000 and cfg.eval.split == "test" and cfg.seed == 1
