@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from conftest import CONF, ENCODINGS, ROOT, isolated_env, run_train, tiny_model, typed_config
@@ -183,6 +184,25 @@ def test_grid_sweeper_drops_a_job_an_earlier_grid_has() -> None:
     parser = OverridesParser.create()
     jobs = expand_grids(preset_grids("pg_books_cpu"), parser.parse_overrides(["data.anchors=false"]), parser)
     assert len(jobs) == 36 and len({tuple(sorted(job)) for job in jobs}) == 36
+
+
+def test_a_command_line_value_of_a_key_a_grid_sets_selects_among_its_values() -> None:
+    """`encoding=t5,fire seed=0` keeps those two grids of study_main at seed 0, each at its own lr and
+    lr_mult; a key no grid sets applies to every job; a value no grid has is an error naming it."""
+    parser = OverridesParser.create()
+    grids = preset_grids("study_main")
+    command_line = parser.parse_overrides(["encoding=t5,fire", "seed=0", "train.steps=5"])
+    jobs = [dict(o.split("=", 1) for o in job) for job in expand_grids(grids, command_line, parser)]
+    assert [job["encoding"] for job in jobs] == ["t5", "fire"]
+    own = {grid["encoding"]: grid["train.lr"] for grid in grids}
+    assert all(job["train.lr"] == own[job["encoding"]] and job["seed"] == "0" for job in jobs)
+    assert all(job["train.steps"] == "5" for job in jobs)
+    same_lr = expand_grids(grids, parser.parse_overrides(["train.lr=3e-3", "seed=2"]), parser)  # == 0.003
+    assert {dict(o.split("=", 1) for o in job)["encoding"] for job in same_lr} == {
+        grid["encoding"] for grid in grids if float(grid["train.lr"]) == 3e-3
+    }
+    with pytest.raises(HydraException, match=r"matches the command line: train.lr=0.01"):
+        expand_grids(preset_grids("study_tune"), parser.parse_overrides(["train.lr=0.01"]), parser)
 
 
 @pytest.mark.e2e

@@ -2,8 +2,13 @@
 
 Hydra's basic sweeper runs one product of its `params`. A study such as "every encoding x 3 seeds, plus
 anchors off for two of them" is a union of products; this sweeper takes `grids`, a list of `params`
-mappings, expands each one like the basic sweeper (with the command-line overrides applied to every grid),
-drops jobs that an earlier grid already has, and launches the rest in order with consecutive job numbers.
+mappings, expands each one like the basic sweeper, drops jobs that an earlier grid already has, and
+launches the rest in order with consecutive job numbers.
+
+A command-line override of a key that a grid sets selects among that grid's values (`seed=0` keeps the
+grid's seed-0 jobs; `encoding=t5,fire` keeps the grids of those encodings, each at its own other values);
+a grid left with no value for the key runs nothing. A command-line override of any other key applies to
+every job of the grid, as with the basic sweeper. Nothing left in any grid is an error naming the overrides.
 """
 
 from dataclasses import dataclass, field
@@ -28,19 +33,61 @@ class GridSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="grids", node=GridSweeperConf, provider="posab")
 
 
+def _values(override: Override) -> list[Any]:
+    """The values an override sets: each value of a sweep, or its one value."""
+    return list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+
+
+def _value_strings(override: Override) -> list[str]:
+    """The same values as written in the override (the strings Hydra puts in the job's overrides)."""
+    if override.is_sweep_override():
+        return list(override.sweep_string_iterator())
+    return [override.get_value_element_as_str()]
+
+
+def _select(
+    params: list[Override], selection: list[Override], parser: OverridesParser
+) -> list[Override] | None:
+    """The grid's params with each key in `selection` cut down to the values the selection also has;
+    None when a key has none left."""
+    chosen = {override.key_or_group: _values(override) for override in selection}
+    selected = []
+    for param in params:
+        if param.key_or_group not in chosen:
+            selected.append(param)
+            continue
+        wanted = chosen[param.key_or_group]
+        pairs = zip(_value_strings(param), _values(param), strict=True)
+        kept = [text for text, value in pairs if value in wanted]
+        if not kept:
+            return None
+        selected += parser.parse_overrides([f"{param.key_or_group}={','.join(kept)}"])
+    return selected
+
+
 def expand_grids(
     grids: list[dict[str, Any]], arguments: list[Override], parser: OverridesParser
 ) -> list[list[str]]:
-    """Every job of every grid in order, each a list of overrides; a job an earlier grid has is dropped."""
+    """Every job of every grid in order, each a list of overrides; a job an earlier grid has is dropped.
+    `arguments` (the command line) select among a grid's values for the keys it sets, and apply to every
+    job for the keys it does not."""
     jobs: list[list[str]] = []
     seen: set[tuple[str, ...]] = set()
     for grid in grids:
         params = parser.parse_overrides([f"{key}={value}" for key, value in grid.items()])
-        for job in BasicSweeper.split_arguments([*params, *arguments], None)[0]:
+        keys = {param.key_or_group for param in params}
+        selected = _select(params, [a for a in arguments if a.key_or_group in keys], parser)
+        if selected is None:
+            continue
+        rest = [a for a in arguments if a.key_or_group not in keys]
+        for job in BasicSweeper.split_arguments([*selected, *rest], None)[0]:
             identity = tuple(sorted(job))
             if identity not in seen:
                 seen.add(identity)
                 jobs.append(job)
+    if not jobs:
+        given = " ".join(a.input_line or f"{a.key_or_group}=..." for a in arguments)
+        raise HydraException(f"hydra.sweeper.grids: no grid has a job that matches the command line: {given}")
     return jobs
 
 
