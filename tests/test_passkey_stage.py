@@ -18,6 +18,7 @@ from posab.data.passkey import passkey_batch
 from posab.errors import ConfigError
 from posab.losses import token_losses
 from posab.passkey_stage import PasskeyStageConfig, key_accuracy, key_loss
+from posab.report import main as report_main
 from posab.run import reevaluate
 
 STAGE = ["passkey.enabled=true", "passkey.lengths=[96,128]", "passkey.steps=[3,2]", "passkey.log_every=1",
@@ -122,6 +123,12 @@ def test_only_key_positions_carry_gradient(corpus: CorpusData) -> None:
         assert torch.equal(a, b)  # the non-key targets take no part in the loss or its gradient
 
 
+def header(summary: Path) -> list[str]:
+    """The column names of needle.md's first table."""
+    line = next(line for line in (summary / "needle.md").read_text().splitlines() if line.startswith("| row"))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
 def test_a_run_with_the_stage(tmp_path: Path) -> None:
     """Perplexity and shift measure the language model (the same numbers as without the stage), the needle
     the stage's model; the stage logs its key loss after the language model's steps and checkpoints."""
@@ -147,9 +154,14 @@ def test_a_run_with_the_stage(tmp_path: Path) -> None:
         line for line in (summary / "needle.md").read_text().splitlines() if line.startswith("| alibi")
     )
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[1:3] == [f"{b['eval'][f'needle/acc@{n}']:.2f}" for n in (128, 256)]
+    assert cells[1:4] == ["1", *(f"{b['eval'][f'needle/acc@{n}']:.2f}" for n in (128, 256))]  # one seed
     assert cells[-2:] == [f"{b['eval'][f'ppl/{n}']:.2f}" for n in (128, 256)]  # the LM's, before the stage
+    assert cells[header(summary).index("stage key loss")] == f"{b['passkey_stage']['needle_loss']:.3f}"
     assert (summary / "stage_curves.png").stat().st_size > 0
+    # the same summary from the run's report folder (runs.csv keeps the stage's scalars and curves)
+    assert report_main([str(tmp_path / "staged"), "--out", str(tmp_path / "report")]) == 0
+    assert needle_report.main([str(tmp_path / "report"), "--out", str(tmp_path / "again_summary")]) == 0
+    assert (tmp_path / "again_summary/needle.md").read_text() == (summary / "needle.md").read_text()
     with pytest.raises(SystemExit, match="2"):
         needle_report.main([str(tmp_path / "plain"), "--out", str(summary)])  # no stage: named, exit 2
     assert (tmp_path / "staged" / "checkpoint_passkey.pt").stat().st_size > 0

@@ -19,7 +19,7 @@ from posab.report import main
 from posab.report.curves import plot_training_curves, trained_rows
 from posab.report.grouping import Row, group_rows, swept_keys
 from posab.report.markdown import study_table
-from posab.report.records import RunRecord
+from posab.report.records import ReportError, RunRecord
 from posab.report.rundirs import load_run
 from posab.report.runs_csv import load_csv, write_csv
 from posab.report.stats import curve_band
@@ -374,3 +374,27 @@ def test_colour_follows_the_encoding_and_line_style_the_variant() -> None:
     assert styles["alibi"]["linestyle"] == styles["rope"]["linestyle"] == "-"  # no variant: solid
     alone = line_styles({"rope": rows["rope"]})  # an encoding keeps its colour in another report
     assert alone["rope"]["color"] == styles["rope"]["color"]
+
+
+def test_an_option_every_encoding_has_is_compared_across_encodings() -> None:
+    """lr_mult is fixed per encoding (10 for multiscale, 1.0 for alibi) but is one setting for all: it labels
+    both rows, as train.lr would; an encoding-specific option fixed per encoding labels none."""
+    runs = [
+        record("alibi", 0, {"val_loss": 1.0}, **{"encoding.lr_mult": "1.0", "encoding.slopes": "geometric"}),
+        record("multiscale", 0, {"val_loss": 2.0}, **{"encoding.lr_mult": "10", "encoding.hidden": "64"}),
+    ]
+    labels = [r.label for r in group_rows(runs)["ablation"]]
+    assert labels == ["alibi, encoding.lr_mult=1.0", "multiscale, encoding.lr_mult=10"]
+
+
+def test_measurement_switches_make_no_label_but_a_row_never_mixes_them(tmp_path: Path) -> None:
+    """passkey.enabled and eval.needle.enabled change only what is measured after training; a row of runs
+    with different values would average needle numbers of different models: refused, naming both."""
+    staged = record("alibi", 0, {"val_loss": 1.0}, **{"passkey.enabled": "true"})
+    plain = record("rope", 0, {"val_loss": 2.0}, **{"passkey.enabled": "false"})
+    assert [r.label for r in group_rows([staged, plain])["ablation"]] == ["alibi", "rope"]
+    other_seed = record("alibi", 1, {"val_loss": 1.5}, **{"passkey.enabled": "false"})
+    with pytest.raises(ReportError, match=r"row 'alibi' .* passkey.enabled=false and true"):
+        group_rows([staged, other_seed])
+    write_csv([staged, plain], tmp_path / "runs.csv")  # kept, so that rows read back are checked too
+    assert [r.config["passkey.enabled"] for r in load_csv(tmp_path / "runs.csv")] == ["true", "false"]

@@ -1,166 +1,204 @@
-"""Retrieval summary of runs with a passkey stage: the needle by length beside the same run's perplexity,
-and the stage's key-loss and probe curves.
+"""Retrieval summary of runs with a passkey stage: the needle by length beside the same runs' perplexity,
+and the stage's key-loss and probe curves; one row per encoding and swept values, mean ± std over seeds.
 
-    python scripts/needle_report.py outputs/multirun/SWEEP [RUN_DIR ...] --out results/needle_pilot
+    python scripts/needle_report.py outputs/multirun/SWEEP [DIR ...] --out results/needle_pilot
 
-Writes needle.md (one row per run: needle accuracy, retrieval gain and attention mass at each length, the
-per-digit accuracy, the stage's end and timing, and perplexity at each length measured before the stage),
-needle_by_length.png (accuracy, gain and perplexity against length) and stage_curves.png (key loss and
-probe accuracy against stage step, from each run's metrics.jsonl). The general report (`scripts/report.py`)
-gives the heatmaps, runs.csv and configs of the same runs.
+Each DIR is a run directory, a sweep, or a report folder written by `scripts/report.py` (its runs.csv holds
+the stage's scalars and curves), so needle.md renders again from committed results and from the sweeps of
+several sessions together. Rows are the report's (`posab.report.grouping`); RoPE's scaling views and rows
+without a passkey stage (named on stderr) are left out.
+
+Writes needle.md (per row: needle accuracy, retrieval gain and attention mass at each length, the stage's
+key loss, probe accuracy and timing, and perplexity at each length measured before the stage; then the
+per-digit accuracy), needle_by_length.png (accuracy, gain and perplexity against length, mean over seeds
+with their range) and stage_curves.png (key loss and probe accuracy against stage step, one line per run).
+The general report gives the heatmaps, runs.csv and configs of the same runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import re
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.ticker import ScalarFormatter
 
 from posab.io import write_text
 from posab.plots import new_figure, save_figure
-from posab.report import ReportError, find_runs, run_names
-from posab.report.markdown import markdown_table
-from posab.summary import cell
+from posab.report.cli import collect_runs
+from posab.report.document import named_rows
+from posab.report.grouping import Row, group_rows
+from posab.report.markdown import markdown_table, mean_std
+from posab.report.records import STAGE_KEY_LOSS, STAGE_LAST_START, STAGE_PROBES, ReportError
+from posab.report.stats import aggregate
+from posab.report.styles import line_styles
+
+NEEDLE_LENGTH = re.compile(r"needle/acc@(\d+)")
+DIGIT = re.compile(r"needle/digit_acc@\d+/d(\d+)")
+STAGE_STEPS = "passkey_stage/steps"
 
 
-@dataclass
-class StageRun:
-    """One run with a passkey stage: its results, and its stage's curves from metrics.jsonl."""
-
-    name: str
-    label: str
-    results: dict[str, Any]
-    key_loss: list[tuple[int, float]]  # (stage step, mean key loss per digit over the last log_every steps)
-    probes: list[tuple[int, float]]  # (stage step, greedy key accuracy on the fixed probe examples)
-
-    @property
-    def eval(self) -> dict[str, Any]:
-        return self.results.get("eval") or {}
-
-    @property
-    def stage(self) -> dict[str, Any]:
-        return self.results.get("passkey_stage") or {}
-
-    def lengths(self) -> list[int]:
-        return (self.eval.get("needle/grid") or {}).get("lengths", [])
+def stage_rows(rows: Mapping[str, Row]) -> dict[str, Row]:
+    """The rows whose runs all had the passkey stage, RoPE's scaling views left out; the others are named
+    on stderr."""
+    kept = {}
+    for name, row in rows.items():
+        if row.scaling:
+            continue
+        if all(STAGE_STEPS in run.metrics for run in row.runs):
+            kept[name] = row
+        else:
+            print(f"left out {name!r}: not every run of it has a passkey stage", file=sys.stderr)
+    return kept
 
 
-def stage_curve(metrics_path: Path, lm_steps: int) -> list[tuple[int, float]]:
-    """(stage step, train/needle_loss) from the stage's lines of a run's metrics.jsonl (the last value
-    logged for each step: a resumed stage logs some steps twice)."""
-    curve: dict[int, float] = {}
-    for line in metrics_path.read_text().splitlines():
-        record = json.loads(line)
-        if "passkey/length" in record and "train/needle_loss" in record:
-            curve[int(record["step"]) - lm_steps] = float(record["train/needle_loss"])
-    return sorted(curve.items())
+def _numbers_in_keys(rows: Mapping[str, Row], pattern: re.Pattern[str]) -> list[int]:
+    """The number in each metric key that matches `pattern` (its group 1), over every run, sorted, once."""
+    keys = {k for row in rows.values() for run in row.runs for k in run.metrics}
+    return sorted({int(m[1]) for k in keys if (m := pattern.fullmatch(k))})
 
 
-def load_stage_run(run_dir: Path, name: str) -> StageRun | None:
-    """The run, or None (named on stderr) while it is not finished."""
-    results = json.loads((run_dir / "results.json").read_text())
-    if results.get("status") != "finished":
-        print(f"skipped {run_dir}: status {results.get('status')!r}, not finished", file=sys.stderr)
-        return None
-    if not results.get("passkey_stage"):
-        raise ReportError(f"{run_dir} has no passkey stage (results.json has no `passkey_stage`)")
-    lm_steps = int((results.get("train") or {}).get("steps", 0))  # 0 from train.init_from
-    return StageRun(
-        name=name,
-        label=str(results.get("encoding", name)),
-        results=results,
-        key_loss=stage_curve(run_dir / "metrics.jsonl", lm_steps),
-        probes=[(int(s), float(a)) for s, a in results["passkey_stage"].get("probes", [])],
-    )
+def needle_lengths(rows: Mapping[str, Row]) -> list[int]:
+    """Every length of the needle grid in these rows, sorted."""
+    return _numbers_in_keys(rows, NEEDLE_LENGTH)
 
 
-def run_row(run: StageRun) -> list[str]:
-    """One table row: per-length needle accuracy | gain | attention mass, then perplexity per length."""
-    e, lengths = run.eval, run.lengths()
-    steps = run.stage.get("curriculum", {}).get("steps", [0])
-    last_start = sum(steps[:-1])  # probes taken while the stage trained at its last length
-    probes = [acc for step, acc in run.probes if step > last_start]
-    cells = [run.label]
-    cells += [cell(e.get(f"needle/acc@{n}"), ".2f") for n in lengths]
-    cells += [cell(e.get(f"needle/gain@{n}"), ".1f") for n in lengths]
-    cells += [cell(e.get(f"needle/attn_mass@{n}"), ".2f") for n in lengths]
-    cells += [
-        cell(run.stage.get("needle_loss"), ".3f"),
-        f"{min(probes):.2f}–{max(probes):.2f}" if probes else "–",
-        cell(run.stage.get("time_s"), ".0f"),
-        cell(run.results.get("wall_time_s"), ".0f"),
+def digit_count(rows: Mapping[str, Row]) -> int:
+    """Digits of the passkey: one more than the highest `needle/digit_acc@L/dK` any run has."""
+    return max(_numbers_in_keys(rows, DIGIT), default=-1) + 1
+
+
+def probe_range(row: Row) -> str:
+    """min–max of the probe accuracy over the probes each run took at its stage's last length, all runs."""
+    values = [
+        acc
+        for run in row.runs
+        for step, acc in run.stage_curves.get(STAGE_PROBES, [])
+        if step > run.metrics.get(STAGE_LAST_START, 0.0)
     ]
-    cells += [cell(e.get(f"ppl/{n}"), ".2f") for n in lengths]
-    return cells
+    return f"{min(values):.2f}–{max(values):.2f}" if values else "–"
 
 
-def digit_row(run: StageRun) -> list[str]:
-    """Accuracy of each key digit (teacher-forced argmax) at each length: which digit fails first."""
-    e, digits = run.eval, sorted(k for k in run.eval if k.startswith("needle/digit_acc/d"))
-    return [run.label] + [
-        " ".join(cell(e.get(f"needle/digit_acc@{n}/d{d}"), ".2f") for d in range(len(digits)))
-        for n in run.lengths()
+def table_rows(rows: Mapping[str, Row], lengths: Sequence[int]) -> list[list[str]]:
+    """One line per row: (column key, format) cells as mean ± std over its seeds, the probe range inserted."""
+    columns = [(f"needle/acc@{n}", ".2f") for n in lengths] + [(f"needle/gain@{n}", ".1f") for n in lengths]
+    columns += [(f"needle/attn_mass@{n}", ".2f") for n in lengths]
+    stage = [("passkey_stage/needle_loss", ".3f"), ("passkey_stage/time_s", ".0f"), ("wall_time_s", ".0f")]
+    ppl = [(f"ppl/{n}", ".2f") for n in lengths]
+    stats = aggregate(rows, [k for k, _ in (*columns, *stage, *ppl)])
+
+    def cells(name: str, keys: Sequence[tuple[str, str]]) -> list[str]:
+        n, line = len(rows[name].runs), stats.loc[name]
+        return [mean_std(line[k, "mean"], line[k, "std"], int(line[k, "count"]), fmt, n) for k, fmt in keys]
+
+    return [
+        [
+            name,
+            str(len(row.runs)),
+            *cells(name, columns),
+            cells(name, stage[:1])[0],
+            probe_range(row),
+            *cells(name, stage[1:]),
+            *cells(name, ppl),
+        ]
+        for name, row in rows.items()
     ]
 
 
-def needle_markdown(runs: Sequence[StageRun]) -> str:
-    lengths = runs[0].lengths()
-    header = ["run", *(f"acc@{n}" for n in lengths), *(f"gain@{n}" for n in lengths)]
-    header += [
-        *(f"attn@{n}" for n in lengths),
-        "stage key loss",
-        "probe acc at last length",
-        "stage s",
-        "wall s",
+def digit_rows(rows: Mapping[str, Row], lengths: Sequence[int]) -> list[list[str]]:
+    """Accuracy of each key digit (teacher-forced argmax) at each length, mean over seeds."""
+    digits = range(digit_count(rows))
+    keys = [f"needle/digit_acc@{n}/d{d}" for n in lengths for d in digits]
+    means = aggregate(rows, keys, ("mean",))
+    return [
+        [
+            name,
+            *(
+                " ".join(f"{means.loc[name][(f'needle/digit_acc@{n}/d{d}', 'mean')]:.2f}" for d in digits)
+                for n in lengths
+            ),
+        ]
+        for name in rows
     ]
-    header += [f"ppl@{n}" for n in lengths]
-    curricula = {
-        f"lengths {c.get('lengths')}, steps {c.get('steps')}": None
-        for c in (r.stage.get("curriculum", {}) for r in runs)
+
+
+def curricula(rows: Mapping[str, Row]) -> str:
+    """The stages as run: total steps and the step the last length starts at, each distinct one once."""
+    seen = {
+        f"{run.metrics[STAGE_STEPS]:.0f} steps, the last length from step "
+        f"{run.metrics.get(STAGE_LAST_START, 0):.0f}"
+        for row in rows.values()
+        for run in row.runs
     }
+    return "; ".join(sorted(seen))
+
+
+def needle_markdown(rows: Mapping[str, Row]) -> str:
+    lengths = needle_lengths(rows)
+    header = ["row", "seeds n", *(f"acc@{n}" for n in lengths), *(f"gain@{n}" for n in lengths)]
+    header += [*(f"attn@{n}" for n in lengths), "stage key loss", "probe acc at last length"]
+    header += ["stage s", "wall s"]
+    header += [f"ppl@{n}" for n in lengths]
+    legend = (
+        f"Stage: {curricula(rows)} (the lengths and steps of each run: configs/, `passkey.lengths`, "
+        "`passkey.steps`). Every cell is mean ± sample std (ddof=1) over the row's seeds, `(n=k)` when only "
+        "k runs have it. acc@L: greedy passkey accuracy at input length L, mean over depths and trials "
+        "(`needle/acc@L`); gain@L: log p(key | the needle holds it) − log p(key | the needle holds another "
+        "key), nats (`needle/gain@L`, 0 = the needle is not read); attn@L: attention mass of the key "
+        "positions on the needle's key, for the head that puts the most there (`needle/attn_mass@L`); "
+        "stage key loss: nats per key digit over the stage's last logged steps (ln 10 = 2.30 is chance); "
+        "probe acc: min–max of the greedy accuracy on the fixed probe examples at the stage's last length, "
+        "over the probes every run of the row took while its stage trained at that length (stability from "
+        "checkpoint to checkpoint); stage s / wall s: stage and whole-run seconds; ppl@L: perplexity of the "
+        "language model before the stage (`ppl/L`)."
+    )
     lines = [
         "# Needle in a haystack after the passkey stage",
         "",
-        f"Stage curriculum: {'; '.join(curricula)} (runs in table order where they differ). "
-        "acc@L: greedy passkey accuracy at input length L, mean over depths and trials (`needle/acc@L`); "
-        "gain@L: log p(key | the needle holds it) − log p(key | the needle holds another key), nats "
-        "(`needle/gain@L`, 0 = the needle is not read); attn@L: attention mass of the key positions on "
-        "the needle's key, for the head that puts the most there (`needle/attn_mass@L`); stage key loss: "
-        "nats per key digit over the stage's last logged steps (ln 10 = 2.30 is chance); probe acc: min–max "
-        "of the greedy accuracy on the fixed probe examples at the stage's last length, over the probes "
-        "taken while the stage trained at that length (stability from checkpoint to checkpoint); stage s / "
-        "wall s: stage and whole-run seconds; ppl@L: perplexity of the language "
-        "model before the stage (`ppl/L`).",
+        legend,
         "",
-        *markdown_table(header, [run_row(r) for r in runs]),
-        "",
-        "## Accuracy of each key digit (d0 … d4) at each length",
-        "",
-        *markdown_table(["run", *(f"{n}" for n in lengths)], [digit_row(r) for r in runs]),
+        *markdown_table(header, table_rows(rows, lengths)),
         "",
     ]
+    if digit_count(rows):
+        lines += [
+            f"## Accuracy of each key digit (d0 … d{digit_count(rows) - 1}) at each length, mean over seeds",
+            "",
+            *markdown_table(["row", *(f"{n}" for n in lengths)], digit_rows(rows, lengths)),
+            "",
+        ]
     return "\n".join(lines)
 
 
-def plot_by_length(runs: Sequence[StageRun], path: Path) -> Path:
+def _length_panel(ax: Axes, rows: Mapping[str, Row], key: str, lengths: Sequence[int]) -> None:
+    """Mean over seeds of `key.format(L)` against L, one line per row, its seeds' range as a band."""
+    styles = line_styles(rows)
+    stats = aggregate(rows, [key.format(n) for n in lengths], ("mean", "min", "max"))
+    for name in rows:
+        line = stats.loc[name]
+        mean, low, high = ([line[(key.format(n), s)] for n in lengths] for s in ("mean", "min", "max"))
+        ax.plot(lengths, mean, marker="o", label=name, **styles[name])
+        ax.fill_between(lengths, low, high, color=styles[name]["color"], alpha=0.15, linewidth=0)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(lengths), [str(n) for n in lengths])
+    ax.set_xlabel("input length (tokens)")
+
+
+def plot_by_length(rows: Mapping[str, Row], path: Path) -> Path:
+    lengths = needle_lengths(rows)
     fig = new_figure(15.0, 4.2)
     axes = fig.subplots(1, 3, gridspec_kw={"wspace": 0.3})
-    panels = (("needle/acc@{}", "passkey accuracy"), ("needle/gain@{}", "retrieval gain (nats)"))
-    for ax, (key, label) in zip(axes, (*panels, ("ppl/{}", "perplexity (before the stage)")), strict=True):
-        for i, run in enumerate(runs):
-            lengths = run.lengths()
-            values = [run.eval.get(key.format(n), np.nan) for n in lengths]
-            ax.plot(lengths, values, marker="o", color=f"C{i % 10}", label=run.label)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(runs[0].lengths(), [str(n) for n in runs[0].lengths()])
-        ax.set_xlabel("input length (tokens)")
+    panels = (
+        ("needle/acc@{}", "passkey accuracy"),
+        ("needle/gain@{}", "retrieval gain (nats)"),
+        ("ppl/{}", "perplexity (before the stage)"),
+    )
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        _length_panel(ax, rows, key, lengths)
         ax.set_ylabel(label)
     axes[2].set_yscale("log")
     for axis in (axes[2].yaxis.set_major_formatter, axes[2].yaxis.set_minor_formatter):
@@ -169,17 +207,17 @@ def plot_by_length(runs: Sequence[StageRun], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def plot_stage_curves(runs: Sequence[StageRun], path: Path) -> Path:
+def plot_stage_curves(rows: Mapping[str, Row], path: Path) -> Path:
     fig = new_figure(13.0, 4.2)
     loss_ax, probe_ax = fig.subplots(1, 2)
-    for i, run in enumerate(runs):
-        colour = f"C{i % 10}"
-        if run.key_loss:
-            steps, losses = zip(*run.key_loss, strict=True)
-            loss_ax.plot(steps, losses, color=colour, label=run.label)
-        if run.probes:
-            steps, accuracy = zip(*run.probes, strict=True)
-            probe_ax.plot(steps, accuracy, marker=".", color=colour, label=run.label)
+    styles = line_styles(rows)
+    for name, row in rows.items():
+        for i, run in enumerate(row.runs):
+            label = name if i == 0 else None  # one legend entry per row, every seed drawn
+            if points := run.stage_curves.get(STAGE_KEY_LOSS):
+                loss_ax.plot(*zip(*points, strict=True), label=label, **styles[name])
+            if points := run.stage_curves.get(STAGE_PROBES):
+                probe_ax.plot(*zip(*points, strict=True), marker=".", label=label, **styles[name])
     loss_ax.axhline(np.log(10), color="k", linestyle="--", label="chance (ln 10)")
     loss_ax.set_yscale("log")
     loss_ax.set_xlabel("stage step")
@@ -196,24 +234,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("paths", nargs="+", type=Path, help="run directories or sweeps with a passkey stage")
+    parser.add_argument("paths", nargs="+", type=Path, help="run directories, sweeps or report folders")
     parser.add_argument("--out", type=Path, required=True, help="folder for needle.md and the plots")
     args = parser.parse_args(argv)
     try:
-        run_dirs = find_runs(args.paths)
-        loaded = [load_stage_run(d, n) for d, n in zip(run_dirs, run_names(run_dirs), strict=True)]
+        rows = stage_rows(named_rows(group_rows(collect_runs(args.paths))))
     except ReportError as err:
         parser.exit(2, f"error: {err}\n")
-    runs = [run for run in loaded if run is not None]
-    if not runs:
+    if not rows:
         parser.exit(2, "error: no finished run with a passkey stage\n")
-    labels = [r.label for r in runs]
-    for run in runs:
-        if labels.count(run.label) > 1:  # e.g. recipes tried on one encoding: the run's name tells them apart
-            run.label = f"{run.label} [{run.name}]"
     args.out.mkdir(parents=True, exist_ok=True)
-    write_text(args.out / "needle.md", needle_markdown(runs))
-    plot_by_length(runs, args.out / "needle_by_length.png")
-    plot_stage_curves(runs, args.out / "stage_curves.png")
+    write_text(args.out / "needle.md", needle_markdown(rows))
+    plot_by_length(rows, args.out / "needle_by_length.png")
+    plot_stage_curves(rows, args.out / "stage_curves.png")
     print(f"wrote {args.out / 'needle.md'}, needle_by_length.png, stage_curves.png")
     return 0

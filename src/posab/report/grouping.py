@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
-from posab.report.records import RunRecord, natural_key
+from posab.paths import encoding_names, encoding_options
+from posab.report.records import ReportError, RunRecord, natural_key
 from posab.report.scaling import UNSCALED, scaled_view, scaling_kinds
 
 # Config keys (and key prefixes) that never make a row of their own: the seed, the study itself, where
@@ -34,6 +36,10 @@ IGNORED_KEYS = (
     "eval.progress",
     "passkey.progress",
 )
+# Switches of measurements made after training: they never change the language model nor its perplexity and
+# shift numbers (those measure the model before the passkey stage, results.json's `eval_source`), and a run
+# with one off has no needle numbers (— in its row). So they make no label, but one row never mixes values.
+MEASUREMENT_SWITCHES = ("passkey.enabled", "eval.needle.enabled")
 
 
 @dataclass
@@ -53,17 +59,27 @@ class Row:
 
 
 def _ignored(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in IGNORED_KEYS)
+    return key in MEASUREMENT_SWITCHES or any(key == k or key.startswith(k + ".") for k in IGNORED_KEYS)
+
+
+@cache
+def shared_encoding_options() -> frozenset[str]:
+    """`encoding.*` keys every encoding's yaml sets (lr_mult, weight_decay): the same setting for all of
+    them, so compared across encodings like any other key, not only between runs of one encoding."""
+    options = [set(encoding_options(name)) - {"_before_"} for name in encoding_names()]
+    return frozenset(f"encoding.{k}" for k in set.intersection(*options)) if options else frozenset()
 
 
 def swept_keys(runs: Sequence[RunRecord]) -> list[str]:
-    """Config keys that differ between these runs (`encoding.*`: between runs of the same encoding).
+    """Config keys that differ between these runs (an option of some encodings only, `encoding.*`:
+    between runs of the same encoding).
 
     A key only some runs have (a setting added to the schema after the others ran) is compared among the
     runs that have it."""
+    shared = shared_encoding_options()
 
     def scope(run: RunRecord, key: str) -> str:
-        return run.encoding if key.startswith("encoding.") else ""
+        return run.encoding if key.startswith("encoding.") and key not in shared else ""
 
     def differs(key: str) -> bool:
         having = [r for r in runs if key in r.config]
@@ -118,6 +134,19 @@ def group_rows(runs: Sequence[RunRecord]) -> dict[str, list[Row]]:
             views += [(kind, f"{label} + {kind}", scaled_view(run, kind)) for kind in scaling_kinds(run)]
             for kind, name, view in views:
                 rows.setdefault(name, Row(study, name, run.encoding, kind, [])).runs.append(view)
+        for row in rows.values():
+            _refuse_mixed_switches(row)
         if rows:
             table[study] = [rows[k] for k in sorted(rows, key=natural_key)]
     return table
+
+
+def _refuse_mixed_switches(row: Row) -> None:
+    """A ReportError naming the row and switch when its runs differ in a MEASUREMENT_SWITCHES value."""
+    for key in MEASUREMENT_SWITCHES:
+        values = sorted({r.config[key] for r in row.runs if key in r.config})
+        if len(values) > 1:
+            raise ReportError(
+                f"row {row.label!r} of study {row.study!r} mixes runs with {key}={' and '.join(values)}: "
+                "their needle numbers measure different models; report them in separate folders"
+            )

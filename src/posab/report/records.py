@@ -38,6 +38,11 @@ WINDOWS_FILE = "perplexity_windows.npz"  # a run's per-window mean losses (`loss
 WINDOW_STARTS_KEY = "starts"  # the array of WINDOWS_FILE that holds the windows' start offsets
 WINDOWS_PREFIX = "windows:"  # runs.csv: `windows:loss/512` holds that key's per-window losses as JSON
 WINDOW_STARTS_COLUMN = "window_starts"  # runs.csv: the windows' start offsets as JSON
+STAGE_PREFIX = "passkey_stage/"  # the passkey stage's scalars (`passkey_stage/time_s`) and curves
+STAGE_KEY_LOSS = STAGE_PREFIX + "key_loss"  # curve: (stage step, train/needle_loss) from metrics.jsonl
+STAGE_PROBES = STAGE_PREFIX + "probes"  # curve: (stage step, greedy accuracy on the probe examples)
+STAGE_LAST_START = STAGE_PREFIX + "last_length_start"  # scalar: the stage step its last length starts at
+CURVE_PREFIX = "curve:"  # runs.csv: `curve:passkey_stage/key_loss` holds that curve as JSON [step, value]
 
 
 class ReportError(Exception):
@@ -62,6 +67,7 @@ class RunRecord:
     val_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, val/loss) during training
     windows: dict[str, list[float]] = field(default_factory=dict)  # "loss/512" -> mean loss of each window
     window_starts: list[int] = field(default_factory=list)  # start offset of each of those windows
+    stage_curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # STAGE_KEY_LOSS, ...
 
     @property
     def finished(self) -> bool:

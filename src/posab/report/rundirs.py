@@ -21,6 +21,10 @@ from posab.paths import encoding_options
 from posab.report.records import (
     RUN_METRICS,
     SERIES_PREFIX,
+    STAGE_KEY_LOSS,
+    STAGE_LAST_START,
+    STAGE_PREFIX,
+    STAGE_PROBES,
     VAL_CURVE_KEY,
     WINDOW_STARTS_KEY,
     WINDOWS_FILE,
@@ -83,6 +87,7 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
     seed = results.get("seed", config.get("seed"))
     group = config.get("logger.group", "null")
     windows, starts = read_windows(path / WINDOWS_FILE)
+    stage_metrics, stage_curves = _stage(results, path / "metrics.jsonl")
     return RunRecord(
         name=name or path.name,
         status=str(results.get("status", "unknown")),
@@ -92,12 +97,13 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
         study=group if group != "null" else info["experiment"] or "default",
         info=info,
         config=config,
-        metrics=metrics,
+        metrics=metrics | stage_metrics,
         series=series,
         config_path=path / "config.yaml",
-        val_curve=read_val_curve(path / "metrics.jsonl"),
+        val_curve=read_logged_curve(path / "metrics.jsonl", VAL_CURVE_KEY),
         windows=windows,
         window_starts=starts,
+        stage_curves=stage_curves,
     )
 
 
@@ -147,9 +153,10 @@ def _run_info(results: dict[str, Any], config: dict[str, str]) -> dict[str, str]
     }
 
 
-def read_val_curve(path: Path) -> list[tuple[int, float]]:
-    """(step, val/loss) from a run's metrics.jsonl, the last value logged for each step (a resumed run logs
-    some steps twice); empty without the file. A line cut short by a killed process is passed over."""
+def read_logged_curve(path: Path, key: str, step_offset: int = 0) -> list[tuple[int, float]]:
+    """(step - step_offset, value of `key`) from a run's metrics.jsonl, the last value logged for each step
+    (a resumed run logs some steps twice); empty without the file. A line cut short by a killed process is
+    passed over."""
     if not path.is_file():
         return []
     curve: dict[int, float] = {}
@@ -158,9 +165,27 @@ def read_val_curve(path: Path) -> list[tuple[int, float]]:
             record = json.loads(line)
         except ValueError:
             continue
-        if VAL_CURVE_KEY in record:
-            curve[int(record["step"])] = float(record[VAL_CURVE_KEY])
+        if key in record:
+            curve[int(record["step"]) - step_offset] = float(record[key])
     return sorted(curve.items())
+
+
+def _stage(
+    results: dict[str, Any], metrics_path: Path
+) -> tuple[dict[str, float], dict[str, list[tuple[int, float]]]]:
+    """The passkey stage's scalars (`passkey_stage/time_s`, ..., the step its last length starts at) and
+    curves (key loss from metrics.jsonl, at stage steps; the probes); both empty for a run without it."""
+    stage = results.get("passkey_stage") or {}
+    if not stage:
+        return {}, {}
+    metrics = {STAGE_PREFIX + k: float(v) for k, v in stage.items() if is_number(v)}
+    metrics[STAGE_LAST_START] = float(sum(stage.get("curriculum", {}).get("steps", [0])[:-1]))
+    lm_steps = int((results.get("train") or {}).get("steps", 0))  # 0 from train.init_from
+    curves = {
+        STAGE_KEY_LOSS: read_logged_curve(metrics_path, "train/needle_loss", lm_steps),
+        STAGE_PROBES: [(int(step), float(acc)) for step, acc in stage.get("probes", [])],
+    }
+    return metrics, curves
 
 
 def read_windows(path: Path) -> tuple[dict[str, list[float]], list[int]]:

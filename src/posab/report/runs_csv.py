@@ -10,9 +10,10 @@ from typing import Any
 
 import pandas as pd
 
-from posab.report.grouping import run_label, study_keys
+from posab.report.grouping import MEASUREMENT_SWITCHES, run_label, study_keys
 from posab.report.records import (
     CONFIG_PREFIX,
+    CURVE_PREFIX,
     INFO_COLUMNS,
     SEQ_LEN_KEY,
     SERIES_PREFIX,
@@ -28,17 +29,20 @@ LINE_END = "\r\n"  # as Python's csv module writes, so that runs.csv files writt
 
 
 def write_csv(runs: Sequence[RunRecord], path: Path) -> Path:
-    """One row per run: INFO_COLUMNS, the training length and swept config values (`config.KEY`), every
-    scalar result (summary first, then the rest sorted), then position_loss/L as JSON lists, where a run
-    has one, the validation-loss curve as JSON [step, loss] pairs (`val_loss_curve`) and, where a run has
-    them, its per-window losses (`windows:loss/L`, ...) and the windows' starts (`window_starts`) as JSON
-    lists."""
+    """One row per run: INFO_COLUMNS, the training length, measurement switches and swept config values
+    (`config.KEY`), every scalar result (summary first, then the rest sorted), then position_loss/L as JSON
+    lists, where a run has one, the validation-loss curve as JSON [step, loss] pairs (`val_loss_curve`)
+    and, where a run has them, its per-window losses (`windows:loss/L`, ...) and the windows' starts
+    (`window_starts`) as JSON lists, and the passkey stage's curves (`curve:passkey_stage/key_loss`, ...)
+    as JSON [step, value] pairs."""
     keys = study_keys(runs)
     swept = {k for study in keys.values() for k in study}
-    config_keys = sorted(swept | {SEQ_LEN_KEY}, key=natural_key)
+    switches = {k for r in runs for k in MEASUREMENT_SWITCHES if k in r.config}  # rows check them
+    config_keys = sorted(swept | switches | {SEQ_LEN_KEY}, key=natural_key)
     metric_keys = sorted({k for r in runs for k in r.metrics} - set(SUMMARY_METRICS), key=natural_key)
     series_keys = sorted({k for r in runs for k in r.series}, key=natural_key)
     window_keys = sorted({k for r in runs for k in r.windows}, key=natural_key)
+    curve_keys = sorted({k for r in runs for k in r.stage_curves}, key=natural_key)
     columns = [
         *INFO_COLUMNS,
         *(CONFIG_PREFIX + k for k in config_keys),
@@ -48,6 +52,7 @@ def write_csv(runs: Sequence[RunRecord], path: Path) -> Path:
         *([VAL_CURVE_COLUMN] if any(r.val_curve for r in runs) else []),
         *(WINDOWS_PREFIX + k for k in window_keys),
         *([WINDOW_STARTS_COLUMN] if any(r.window_starts for r in runs) else []),
+        *(CURVE_PREFIX + k for k in curve_keys),
     ]
     frame = pd.DataFrame([_csv_cells(r, run_label(r, keys[r.study])) for r in runs], columns=columns)
     frame.to_csv(path, index=False, lineterminator=LINE_END, encoding="utf-8")
@@ -67,6 +72,7 @@ def _csv_cells(run: RunRecord, label: str) -> dict[str, Any]:
     cells |= {WINDOWS_PREFIX + k: json.dumps(v) for k, v in run.windows.items()}
     if run.window_starts:
         cells[WINDOW_STARTS_COLUMN] = json.dumps(run.window_starts)
+    cells |= {CURVE_PREFIX + k: json.dumps(v) for k, v in run.stage_curves.items()}
     return cells
 
 
@@ -81,7 +87,8 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
     config = {k[len(CONFIG_PREFIX) :]: v for k, v in filled.items() if k.startswith(CONFIG_PREFIX)}
     series = {k: json.loads(v) for k, v in filled.items() if k.startswith(SERIES_PREFIX)}
     windows = {k: json.loads(v) for k, v in filled.items() if k.startswith(WINDOWS_PREFIX)}
-    not_metrics = {*INFO_COLUMNS, *series, *windows, VAL_CURVE_COLUMN, WINDOW_STARTS_COLUMN}
+    curves = {k: json.loads(v) for k, v in filled.items() if k.startswith(CURVE_PREFIX)}
+    not_metrics = {*INFO_COLUMNS, *series, *windows, *curves, VAL_CURVE_COLUMN, WINDOW_STARTS_COLUMN}
     metrics = {
         k: float(v) for k, v in filled.items() if k not in not_metrics and not k.startswith(CONFIG_PREFIX)
     }
@@ -101,4 +108,8 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
         val_curve=[(int(step), float(loss)) for step, loss in json.loads(filled.get(VAL_CURVE_COLUMN, "[]"))],
         windows={k.removeprefix(WINDOWS_PREFIX): [float(v) for v in values] for k, values in windows.items()},
         window_starts=[int(s) for s in json.loads(filled.get(WINDOW_STARTS_COLUMN, "[]"))],
+        stage_curves={
+            k.removeprefix(CURVE_PREFIX): [(int(step), float(v)) for step, v in points]
+            for k, points in curves.items()
+        },
     )
