@@ -254,3 +254,59 @@ def test_the_main_study_runs_every_encoding_x_3_seeds_at_its_tuned_picks() -> No
     for job in one_seed:
         cfg = typed_config(["+experiment=study_main", *job])
         assert cfg.train.steps == 1000 and cfg.eval.split == "test" and cfg.seed == 1
+
+
+def main_grid_jobs() -> dict[str, dict[str, str]]:
+    """study_main's seed-0 job of each encoding, as {key: value}."""
+    parser = OverridesParser.create()
+    jobs = expand_grids(preset_grids("study_main"), parser.parse_overrides(["seed=0"]), parser)
+    return {job["encoding"]: job for job in (dict(o.split("=", 1) for o in j) for j in jobs)}
+
+
+def test_the_structure_ablation_completes_the_main_grids_arms_at_their_picks() -> None:
+    """Part 5: hierarchical levels x anchors and multiscale anchors off, seeds 0 and 1, each at the main
+    grid's picks for its encoding; with the main grid's own runs (all levels, anchors on) the arms are
+    complete, and the runs join the main study, so they are paired with those runs."""
+    parser = OverridesParser.create()
+    jobs = [
+        dict(o.split("=", 1) for o in j) for j in expand_grids(preset_grids("study_structure"), [], parser)
+    ]
+    main = main_grid_jobs()
+    arms = {(j["encoding"], j.get("encoding.levels", ""), j["data.anchors"]) for j in jobs}
+    levels = ("[token]", "[token,sentence]", "[token,sentence,paragraph]")
+    expected = {("hierarchical", lv, a) for lv in levels for a in ("True", "False")}
+    expected |= {("multiscale", "", "False"), ("multiscale", "", "True")}
+    assert arms | {("hierarchical", levels[2], "True"), ("multiscale", "", "True")} == expected
+    assert len(arms) == len(expected) - 2  # the main grid's arms are not run again
+    assert sorted(j["seed"] for j in jobs) == sorted(["0", "1"] * len(arms))
+    for job in jobs:
+        for key in ("train.lr", "encoding.lr_mult"):
+            assert float(job[key]) == float(main[job["encoding"]][key])
+    cfg = typed_config(["+experiment=study_structure", *(f"{k}={v}" for k, v in jobs[0].items())])
+    assert (cfg.logger.group, cfg.experiment, cfg.train.steps, cfg.eval.split) == (
+        "study_main",
+        "study_structure",
+        1000,
+        "test",
+    )
+    assert cfg.encoding["levels"] == ["token"] and cfg.data.anchors is True
+
+
+def test_the_subword_arm_runs_the_core_encodings_with_bpe_at_their_picks() -> None:
+    parser = OverridesParser.create()
+    jobs = [dict(o.split("=", 1) for o in j) for j in expand_grids(preset_grids("study_bpe"), [], parser)]
+    main = main_grid_jobs()
+    assert sorted(j["encoding"] for j in jobs) == sorted(STUDY_CORE) and {j["seed"] for j in jobs} == {"0"}
+    for job in jobs:
+        assert float(job["train.lr"]) == float(main[job["encoding"]]["train.lr"])
+        assert float(job.get("encoding.lr_mult", 1)) == float(
+            main[job["encoding"]].get("encoding.lr_mult", 1)
+        )
+        cfg = typed_config(["+experiment=study_bpe", *(f"{k}={v}" for k, v in job.items())])
+        assert (cfg.data.tokenizer, cfg.data.vocab_size, cfg.train.steps, cfg.eval.split) == (
+            "bpe",
+            4096,
+            1000,
+            "test",
+        )
+        assert not cfg.passkey.enabled
