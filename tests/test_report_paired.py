@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from report_runs import finished_run
 
+from posab.report import main as report_main
 from posab.report.cli import collect_runs
 from posab.report.document import write_report
 from posab.report.grouping import group_rows
@@ -261,3 +262,18 @@ def test_no_references_or_no_windows_make_no_section_and_no_csv(tmp_path: Path) 
     header = (tmp_path / "windows" / "runs.csv").read_text().splitlines()[0]
     assert "window" not in header
     assert [r.windows for r in load_csv(tmp_path / "windows" / "runs.csv")] == [{}, {}]
+
+
+def test_a_row_named_on_the_command_line_is_a_reference_too(tmp_path: Path) -> None:
+    """`--references nope rope`: every row against nope and rope (an ablation against its full model); a
+    name that is no row is an error that lists the rows, and nothing is written."""
+    runs = synthetic_study()
+    write_csv(runs, tmp_path / "runs.csv")
+    out = tmp_path / "report"
+    assert report_main([str(tmp_path), "--out", str(out), "--references", "nope", "rope"]) == 0
+    frame = pd.read_csv(out / "paired_differences.csv")
+    pairs = list(dict.fromkeys(zip(frame["row"], frame["reference"], strict=True)))
+    assert pairs == [("alibi", "nope"), ("alibi", "rope"), ("nope", "rope"), ("rope", "nope")]
+    assert "vs: the reference row (`nope` or `rope`:" in (out / "report.md").read_text()
+    assert report_main([str(tmp_path), "--out", str(tmp_path / "bad"), "--references", "hierarchical"]) == 2
+    assert not (tmp_path / "bad").exists()

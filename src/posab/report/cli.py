@@ -11,6 +11,7 @@ from posab.report.document import write_report
 from posab.report.records import ReportError, RunRecord
 from posab.report.rundirs import find_runs, load_run, run_names
 from posab.report.runs_csv import load_csv
+from posab.report.stats import PAIRED_REFERENCES
 
 
 def collect_runs(paths: Sequence[Path]) -> list[RunRecord]:
@@ -39,10 +40,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("paths", nargs="+", type=Path, help="run/sweep directories, or report folders")
     parser.add_argument("--out", type=Path, default=Path("results/report"), help="output folder")
+    parser.add_argument(
+        "--references",
+        nargs="+",
+        default=list(PAIRED_REFERENCES),
+        metavar="ROW",
+        help="rows every other row is compared with in the paired differences: a row label (as in the "
+        "table) or an encoding with one row in the study (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     try:
         runs = collect_runs(args.paths)
-        report = write_report(runs, args.out)
+        report = write_report(runs, args.out, args.references)
     except ReportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

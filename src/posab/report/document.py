@@ -21,11 +21,18 @@ from posab.report.records import (
     WINDOW_STARTS_COLUMN,
     WINDOWS_FILE,
     WINDOWS_PREFIX,
+    ReportError,
     RunRecord,
 )
 from posab.report.rundirs import join_nonempty
 from posab.report.runs_csv import write_csv
-from posab.report.stats import DRAWS, PAIRED_REFERENCES, PairedDifferences, paired_differences
+from posab.report.stats import (
+    DRAWS,
+    PAIRED_REFERENCES,
+    PairedDifferences,
+    paired_differences,
+    reference_rows,
+)
 
 PAIRED_CSV = "paired_differences.csv"
 PAIRED_HEADER = (
@@ -40,9 +47,6 @@ PAIRED_HEADER = (
     "excludes 0",
 )
 PAIRED_LEGEND = (
-    f"vs: the reference row ({' or '.join(f'`{r}`' for r in PAIRED_REFERENCES)}: the row of that label, or "
-    "else that encoding's only row); every row of the study but RoPE scaling views is compared with each "
-    "reference but itself",
     f"Δ loss: the row's mean per-window loss (`loss/L` of `{WINDOWS_FILE}`, over its seeds and the "
     "evaluation windows) minus the reference's, nats per token; negative = lower loss than the reference",
     "Δ tail loss: the same for the loss on the positions past the training length (`loss_tail/L`); "
@@ -160,7 +164,15 @@ def paired_table(frame: pd.DataFrame) -> list[str]:
     return markdown_table(PAIRED_HEADER, body)
 
 
-def _paired_section(study: str, paired: PairedDifferences) -> list[str]:
+def _reference_legend(references: Sequence[str]) -> str:
+    return (
+        f"vs: the reference row ({' or '.join(f'`{r}`' for r in references)}: the row of that label, or "
+        "else that encoding's only row); every row of the study but RoPE scaling views is compared with each "
+        "reference but itself"
+    )
+
+
+def _paired_section(study: str, paired: PairedDifferences, references: Sequence[str]) -> list[str]:
     """The paired differences of one study, its legend and the comparisons not made; none without either."""
     frame = paired.frame[paired.frame["study"] == study]
     notes = paired.notes.get(study, [])
@@ -168,10 +180,23 @@ def _paired_section(study: str, paired: PairedDifferences) -> list[str]:
         return []
     lines = [f"### Paired differences (study {study})", ""]
     if not frame.empty:
-        lines += [*paired_table(frame), "", "Legend:", "", *(f"- {item}" for item in PAIRED_LEGEND), ""]
+        legend = [_reference_legend(references), *PAIRED_LEGEND]
+        lines += [*paired_table(frame), "", "Legend:", "", *(f"- {item}" for item in legend), ""]
     if notes:
         lines += ["Not compared:", "", *(f"- {note}" for note in notes), ""]
     return lines
+
+
+def _check_references(table: Mapping[str, Sequence[Row]], references: Sequence[str]) -> None:
+    """A ReportError naming a reference other than the defaults that no study has, and the rows there are."""
+    for name in references:
+        if name in PAIRED_REFERENCES or any(reference_rows(rows, [name]) for rows in table.values()):
+            continue
+        labels = sorted({row.label for rows in table.values() for row in rows if not row.scaling})
+        raise ReportError(
+            f"reference {name!r} is no row label (nor the encoding of a study's only row of it); "
+            f"the rows are: {'; '.join(labels)}"
+        )
 
 
 def _failed_section(failed: Sequence[RunRecord]) -> list[str]:
@@ -213,16 +238,20 @@ def _files_section(runs: Sequence[RunRecord], missing_configs: Sequence[str], ha
     ]
 
 
-def write_report(runs: Sequence[RunRecord], out_dir: Path) -> Path:
-    """Write report.md, runs.csv, paired_differences.csv (where there are paired differences), the plots and
-    configs/ into `out_dir`; returns the report.md path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def write_report(
+    runs: Sequence[RunRecord], out_dir: Path, references: Sequence[str] = PAIRED_REFERENCES
+) -> Path:
+    """Write report.md, runs.csv, paired_differences.csv (where there are paired differences against the
+    `references` rows), the plots and configs/ into `out_dir`; returns the report.md path."""
     table = group_rows(runs)
+    _check_references(table, references)
+    out_dir.mkdir(parents=True, exist_ok=True)
     failed = [r for r in runs if not r.finished]
     lines = _provenance(runs, len(failed))
-    paired = paired_differences(table)
+    paired = paired_differences(table, references)
     for study, rows in table.items():
-        lines += [f"## Study `{study}`", "", *study_table(rows), "", *_paired_section(study, paired)]
+        section = _paired_section(study, paired, references)
+        lines += [f"## Study `{study}`", "", *study_table(rows), "", *section]
     if table:
         lines += ["## Plots", "", *write_plots(table, out_dir)]
     else:

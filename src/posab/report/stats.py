@@ -29,7 +29,7 @@ from posab.report.records import RunRecord
 ROW = "row"  # the column of run_values that names each run's row
 TABLE_STATISTICS = ("mean", "std", "count")  # std: pandas' sample std, ddof=1
 BAND_STATISTICS = ("mean", "min", "max")
-PAIRED_REFERENCES = ("nope", "alibi")  # the rows every other row is compared with (`reference_rows`)
+PAIRED_REFERENCES = ("nope", "alibi")  # the default rows every other row is compared with (`reference_rows`)
 PAIRED_METRICS = ("loss", "loss_tail")  # compared per-window keys: `loss/L`, `loss_tail/L` (L > training)
 PAIRED_KEY = re.compile(rf"({'|'.join(PAIRED_METRICS)})/(\d+)")  # "loss_tail/1024" -> metric, length
 DRAWS = 2000
@@ -108,9 +108,13 @@ def _resampled_means(losses: np.ndarray, windows: np.ndarray, rng: np.random.Gen
     return np.take_along_axis(by_window, windows, axis=1).mean(axis=1)  # (draws, W) -> (draws,)
 
 
-def paired_differences(table: Mapping[str, Sequence[Row]], draws: int = DRAWS) -> PairedDifferences:
+def paired_differences(
+    table: Mapping[str, Sequence[Row]],
+    references: Sequence[str] = PAIRED_REFERENCES,
+    draws: int = DRAWS,
+) -> PairedDifferences:
     """Every row of each study whose runs have per-window losses against each reference row of the study
-    (PAIRED_REFERENCES, when there), at every length and PAIRED_METRICS key all their runs have.
+    (`references` that it has), at every length and PAIRED_METRICS key all their runs have.
 
     A reference is not compared with itself; rows of a RoPE scaling view are no arm. A pair whose runs
     lack per-window losses or scored different windows is not compared: a note says so."""
@@ -119,9 +123,9 @@ def paired_differences(table: Mapping[str, Sequence[Row]], draws: int = DRAWS) -
     for study, rows in table.items():
         if not any(run.windows for row in rows for run in row.runs):
             continue
-        references = reference_rows(rows)
+        found = reference_rows(rows, references)
         for arm in (row for row in rows if not row.scaling):
-            for reference in references:
+            for reference in found:
                 if reference is arm:
                     continue
                 compared, note = _compare(arm, reference, draws)
@@ -131,12 +135,12 @@ def paired_differences(table: Mapping[str, Sequence[Row]], draws: int = DRAWS) -
     return PairedDifferences(pd.DataFrame(lines, columns=list(PAIRED_COLUMNS)), notes)
 
 
-def reference_rows(rows: Sequence[Row]) -> list[Row]:
-    """The row of each of PAIRED_REFERENCES that the study has: the row labelled with it, else its
-    encoding's only row (a study that tunes each encoding labels it `nope, train.lr=0.003`)."""
+def reference_rows(rows: Sequence[Row], references: Sequence[str] = PAIRED_REFERENCES) -> list[Row]:
+    """The row of each of `references` that the study has: the row labelled with it, else its encoding's
+    only row (a study that tunes each encoding labels it `nope, train.lr=0.003`)."""
     unscaled = [row for row in rows if not row.scaling]
     found = []
-    for name in PAIRED_REFERENCES:
+    for name in references:
         labelled = [row for row in unscaled if row.label == name]
         of_encoding = [row for row in unscaled if row.encoding == name]
         found += labelled or (of_encoding if len(of_encoding) == 1 else [])
