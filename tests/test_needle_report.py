@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from report_runs import finished_run
 
 from posab import needle_report
 from posab.report.records import STAGE_KEY_LOSS, STAGE_LAST_START, STAGE_PROBES, RunRecord
@@ -28,19 +29,9 @@ def staged_run(encoding: str, seed: int, acc: float, probes: list[tuple[int, flo
         STAGE_LAST_START: 6.0,
         "wall_time_s": 100.0,
     }
-    return RunRecord(
-        name=f"{encoding}-{seed}",
-        status="finished",
-        error="",
-        encoding=encoding,
-        seed=seed,
-        study="s",
-        info={},
-        config={"seed": str(seed), "passkey.enabled": "true"},
-        metrics=metrics,
-        series={},
-        stage_curves={STAGE_KEY_LOSS: [(1, 2.0), (10, 0.1)], STAGE_PROBES: probes},
-    )
+    curves = {STAGE_KEY_LOSS: [(1, 2.0), (10, 0.1)], STAGE_PROBES: probes}
+    return finished_run(f"{encoding}-{seed}", encoding, seed, "s", {"passkey.enabled": "true"}, metrics,
+                        stage_curves=curves)  # fmt: skip
 
 
 def table(needle_md: str) -> dict[str, dict[str, str]]:
@@ -56,7 +47,7 @@ def report_folder(tmp_path: Path) -> Path:
     runs = [
         staged_run("alibi", 0, 0.5, [(2, 0.0), (8, 0.6), (10, 0.9)]),
         staged_run("alibi", 1, 1.0, [(4, 0.1), (7, 1.0)]),
-        RunRecord("rope-0", "finished", "", "rope", 0, "s", {}, {"seed": "0"}, {"ppl/128": 9.0}, {}),
+        finished_run("rope-0", "rope", 0, "s", None, {"ppl/128": 9.0}),
     ]
     write_csv(runs, tmp_path / "runs.csv")
     return tmp_path
@@ -80,7 +71,7 @@ def test_cells_are_mean_and_std_over_seeds_from_a_report_folder(
 
 
 def test_no_run_with_a_stage_is_an_error(tmp_path: Path) -> None:
-    plain = RunRecord("rope-0", "finished", "", "rope", 0, "s", {}, {"seed": "0"}, {"ppl/128": 9.0}, {})
+    plain = finished_run("rope-0", "rope", 0, "s", None, {"ppl/128": 9.0})
     write_csv([plain], tmp_path / "runs.csv")
     with pytest.raises(SystemExit, match="2"):
         needle_report.main([str(tmp_path), "--out", str(tmp_path / "needle")])
