@@ -398,3 +398,14 @@ def test_measurement_switches_make_no_label_but_a_row_never_mixes_them(tmp_path:
         group_rows([staged, other_seed])
     write_csv([staged, plain], tmp_path / "runs.csv")  # kept, so that rows read back are checked too
     assert [r.config["passkey.enabled"] for r in load_csv(tmp_path / "runs.csv")] == ["true", "false"]
+
+
+def test_away_from_the_checkout_no_option_is_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without conf/ (a report rendered from runs.csv elsewhere) the shared options are none, not an error."""
+    import posab.report.grouping as grouping
+
+    def no_conf() -> list[str]:
+        raise grouping.ConfigError("no posab config folder")
+
+    monkeypatch.setattr(grouping, "encoding_names", no_conf)
+    assert grouping.shared_encoding_options.__wrapped__() == frozenset()  # uncached: the cache stays true

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
+from posab.errors import ConfigError
 from posab.paths import encoding_names, encoding_options
 from posab.report.records import ReportError, RunRecord, natural_key
 from posab.report.scaling import UNSCALED, scaled_view, scaling_kinds
@@ -65,8 +66,13 @@ def _ignored(key: str) -> bool:
 @cache
 def shared_encoding_options() -> frozenset[str]:
     """`encoding.*` keys every encoding's yaml sets (lr_mult, weight_decay): the same setting for all of
-    them, so compared across encodings like any other key, not only between runs of one encoding."""
-    options = [set(encoding_options(name)) - {"_before_"} for name in encoding_names()]
+    them, so compared across encodings like any other key, not only between runs of one encoding. None
+    away from the checkout (a report rendered from runs.csv, whose config columns are already chosen)."""
+    try:
+        names = encoding_names()
+    except ConfigError:
+        return frozenset()
+    options = [set(encoding_options(name)) - {"_before_"} for name in names]
     return frozenset(f"encoding.{k}" for k in set.intersection(*options)) if options else frozenset()
 
 
