@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from conftest import ROOT, run_train
 from posab.report import main
 from posab.report.curves import plot_training_curves, trained_rows
+from posab.report.document import copy_configs
 from posab.report.grouping import Row, group_rows, swept_keys
 from posab.report.markdown import study_table
 from posab.report.records import ReportError, RunRecord
@@ -398,6 +399,39 @@ def test_measurement_switches_make_no_label_but_a_row_never_mixes_them(tmp_path:
         group_rows([staged, other_seed])
     write_csv([staged, plain], tmp_path / "runs.csv")  # kept, so that rows read back are checked too
     assert [r.config["passkey.enabled"] for r in load_csv(tmp_path / "runs.csv")] == ["true", "false"]
+
+
+def anchors_run(root: Path, name: str, seed: int, anchors: bool) -> RunRecord:
+    """A finished multiscale run directory with this seed and data.anchors, read back as the report does."""
+    run = root / name
+    run.mkdir()
+    config = {
+        "experiment": "s",
+        "seed": seed,
+        "data": {"anchors": anchors},
+        "encoding": {"name": "multiscale"},
+    }
+    (run / "config.yaml").write_text(json.dumps(config))
+    (run / "results.json").write_text(json.dumps({"status": "finished", "encoding": "multiscale"}))
+    return load_run(run)
+
+
+def test_a_key_constant_in_a_report_folder_still_labels_the_runs_folded_into_it(tmp_path: Path) -> None:
+    """runs.csv keeps only the keys its own runs sweep; read back, each run gets its whole config from
+    configs/, so a later run with the other value of that key makes a row of its own, not a mixed one."""
+    kept = [anchors_run(tmp_path, f"on{seed}", seed, anchors=True) for seed in (0, 1)]
+    folder = tmp_path / "report"
+    folder.mkdir()
+    write_csv(kept, folder / "runs.csv")
+    copy_configs(kept, folder / "configs")
+    assert "config.data.anchors" not in (folder / "runs.csv").read_text()  # constant among these runs
+    later = anchors_run(tmp_path, "off0", 0, anchors=False)
+    folded = group_rows([*load_csv(folder / "runs.csv"), later])["s"]
+    rows = {row.label: sorted(r.name for r in row.runs) for row in folded}
+    assert rows == {
+        "multiscale, data.anchors=false": ["off0"],
+        "multiscale, data.anchors=true": ["on0", "on1"],
+    }
 
 
 def test_away_from_the_checkout_no_option_is_shared(monkeypatch: pytest.MonkeyPatch) -> None:

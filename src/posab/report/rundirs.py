@@ -81,7 +81,7 @@ def _depth_below_sweep(run_dir: Path) -> int:
 def load_run(path: Path, name: str | None = None) -> RunRecord:
     """Read one run directory; a failed run may hold little more than its status and error."""
     results = _read_results(path / "results.json")
-    config = _read_config(path / "config.yaml")
+    config = read_config(path / "config.yaml")
     metrics, series = _metrics_and_series(results)
     info = _run_info(results, config)
     seed = results.get("seed", config.get("seed"))
@@ -114,7 +114,7 @@ def _read_results(path: Path) -> dict[str, Any]:
         return {"status": "failed", "error": f"unreadable results.json: {err}"}
 
 
-def _read_config(path: Path) -> dict[str, str]:
+def read_config(path: Path) -> dict[str, str]:
     """The flattened config, completed with the encoding's options as the run ran them."""
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     config = yaml_values(raw if isinstance(raw, dict) else {})

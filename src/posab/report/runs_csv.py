@@ -24,6 +24,7 @@ from posab.report.records import (
     RunRecord,
     natural_key,
 )
+from posab.report.rundirs import read_config
 
 LINE_END = "\r\n"  # as Python's csv module writes, so that runs.csv files written before stay unchanged
 
@@ -77,7 +78,10 @@ def _csv_cells(run: RunRecord, label: str) -> dict[str, Any]:
 
 
 def load_csv(path: Path) -> list[RunRecord]:
-    """Read the runs back from a report's runs.csv (configs from its configs/ folder, when there)."""
+    """Read the runs back from a report's runs.csv. A run's config is its whole resolved config from the
+    configs/ folder, when there, updated by its `config.*` columns: runs.csv keeps only the keys swept among
+    its own runs, and a key constant there (data.anchors in a grid with anchors on) may vary once newer runs
+    join them."""
     frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
     return [_record(row, path.parent / "configs") for row in frame.to_dict("records")]
 
@@ -93,6 +97,8 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
         k: float(v) for k, v in filled.items() if k not in not_metrics and not k.startswith(CONFIG_PREFIX)
     }
     config_path = configs / f"{row['run']}.yaml"
+    if config_path.is_file():  # every key, not only the columns: a key constant here may vary in a fold
+        config = read_config(config_path) | config
     return RunRecord(
         name=row["run"],
         status=row["status"],
