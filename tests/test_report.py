@@ -264,11 +264,12 @@ def test_rope_scalings_become_rows_of_their_own() -> None:
     assert rows["rope + pi"].runs[0].series["position_loss/128"] == [0.5]
 
 
-def run_with_encoding(root: Path, name: str, encoding: dict[str, Any]) -> RunRecord:
-    """A finished run directory whose config has this encoding node, read back as the report reads it."""
+def run_with_encoding(root: Path, name: str, encoding: dict[str, Any], **nodes: Any) -> RunRecord:
+    """A finished run directory whose config has this encoding node (and `nodes`: seed, data, ...), read
+    back as the report reads it."""
     run = root / name
     run.mkdir()
-    config = {"experiment": "s", "seed": 0, "encoding": encoding}
+    config = {"experiment": "s", "seed": 0, "encoding": encoding, **nodes}
     (run / "config.yaml").write_text(json.dumps(config))
     (run / "results.json").write_text(json.dumps({"status": "finished", "encoding": encoding["name"]}))
     return load_run(run)
@@ -401,31 +402,19 @@ def test_measurement_switches_make_no_label_but_a_row_never_mixes_them(tmp_path:
     assert [r.config["passkey.enabled"] for r in load_csv(tmp_path / "runs.csv")] == ["true", "false"]
 
 
-def anchors_run(root: Path, name: str, seed: int, anchors: bool) -> RunRecord:
-    """A finished multiscale run directory with this seed and data.anchors, read back as the report does."""
-    run = root / name
-    run.mkdir()
-    config = {
-        "experiment": "s",
-        "seed": seed,
-        "data": {"anchors": anchors},
-        "encoding": {"name": "multiscale"},
-    }
-    (run / "config.yaml").write_text(json.dumps(config))
-    (run / "results.json").write_text(json.dumps({"status": "finished", "encoding": "multiscale"}))
-    return load_run(run)
-
-
 def test_a_key_constant_in_a_report_folder_still_labels_the_runs_folded_into_it(tmp_path: Path) -> None:
     """runs.csv keeps only the keys its own runs sweep; read back, each run gets its whole config from
     configs/, so a later run with the other value of that key makes a row of its own, not a mixed one."""
-    kept = [anchors_run(tmp_path, f"on{seed}", seed, anchors=True) for seed in (0, 1)]
+    on = {"data": {"anchors": True}}
+    kept = [
+        run_with_encoding(tmp_path, f"on{seed}", {"name": "multiscale"}, seed=seed, **on) for seed in (0, 1)
+    ]
     folder = tmp_path / "report"
     folder.mkdir()
     write_csv(kept, folder / "runs.csv")
     copy_configs(kept, folder / "configs")
     assert "config.data.anchors" not in (folder / "runs.csv").read_text()  # constant among these runs
-    later = anchors_run(tmp_path, "off0", 0, anchors=False)
+    later = run_with_encoding(tmp_path, "off0", {"name": "multiscale"}, data={"anchors": False})
     folded = group_rows([*load_csv(folder / "runs.csv"), later])["s"]
     rows = {row.label: sorted(r.name for r in row.runs) for row in folded}
     assert rows == {

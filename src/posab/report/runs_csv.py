@@ -96,8 +96,9 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
     metrics = {
         k: float(v) for k, v in filled.items() if k not in not_metrics and not k.startswith(CONFIG_PREFIX)
     }
-    config_path = configs / f"{row['run']}.yaml"
-    if config_path.is_file():  # every key, not only the columns: a key constant here may vary in a fold
+    config_file = configs / f"{row['run']}.yaml"
+    config_path = config_file if config_file.is_file() else None
+    if config_path:  # every key, not only the columns: a key constant here may vary in a fold
         config = read_config(config_path) | config
     return RunRecord(
         name=row["run"],
@@ -110,7 +111,7 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
         config=config,
         metrics=metrics,
         series=series,
-        config_path=config_path if config_path.is_file() else None,
+        config_path=config_path,
         val_curve=[(int(step), float(loss)) for step, loss in json.loads(filled.get(VAL_CURVE_COLUMN, "[]"))],
         windows={k.removeprefix(WINDOWS_PREFIX): [float(v) for v in values] for k, values in windows.items()},
         window_starts=[int(s) for s in json.loads(filled.get(WINDOW_STARTS_COLUMN, "[]"))],
