@@ -37,6 +37,10 @@ def test_train_every_encoding(encoding: str, tmp_path: Path) -> None:
     assert results["val_loss"] > 0 and results["tokens_per_s"] > 0
     assert results["params"]["total"] > 0 and results["wall_time_s"] > 0
     assert len(results["git_commit"]) in (40, len("unknown"))
+    assert results["git_commit_start"] == results["git_commit"] and results["resumed_from_step"] is None
+    assert isinstance(results["git_dirty"], bool) or results["git_commit"] == "unknown"
+    assert results["machine"]["versions"]["torch"] == results["machine"]["torch"]
+    assert results["machine"]["cpu_capability"]
     assert (run / "checkpoint.pt").stat().st_size > 0
     assert f"name: {encoding}" in (run / "config.yaml").read_text()
     assert any('"val/loss"' in line for line in (run / "metrics.jsonl").read_text().splitlines())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import platform
 import random
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from posab.encodings import encoding_optimizer
 from posab.errors import ConfigError, Preempted
 from posab.io import write_json
 from posab.logging import JsonlLogger, Logger, MultiLogger, NullLogger
-from posab.paths import source_root
+from posab.provenance import code_provenance, cpu_capability, package_versions, start_provenance
 from posab.resume import (
     CHECKPOINTS,
     keep_finished_run,
@@ -48,23 +47,9 @@ from posab.summary import summary_text
 from posab.train import Trainer
 from posab.wandb_logger import WandbLogger
 
-
-def git_commit() -> str:
-    """The commit checked out in the source tree now ("unknown" outside a git checkout)."""
-    root = source_root()
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-# The commit whose code this process runs: read once, when the code is imported. A Hydra multirun imports
-# posab once and runs every job in that process, so a commit made while a sweep runs is not the code of
-# its later jobs (runs before this fix recorded HEAD at each job's start).
-CODE_COMMIT = git_commit()
+# The code this process runs: read once, when the code is imported. A Hydra multirun imports posab once and
+# runs every job in that process, so a commit made while a sweep runs is not the code of its later jobs.
+CODE = code_provenance()
 
 
 def seed_everything(seed: int) -> None:
@@ -145,7 +130,7 @@ def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict
     started = time.time()
     results: dict[str, Any] = {
         "status": "running",
-        "git_commit": CODE_COMMIT,
+        **CODE,
         "overrides": job.override_dirname,
     }
     logger: Logger | None = None
@@ -154,6 +139,7 @@ def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict
         check_world(cfg, w)
         torch.set_num_threads(cfg.threads or default_threads(job.parallel_jobs * w.size))
         resume = resume_state(cfg, run_dir)
+        results.update(start_provenance(CODE, run_dir / "results.json" if resume else None))
         results.update(
             run_header(cfg), resumed_from_step=resume["step"] if resume else None, world_size=w.size
         )
@@ -207,6 +193,8 @@ def run_header(cfg: Config) -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
+            "cpu_capability": cpu_capability(),
+            "versions": package_versions(),
         },
     }
 

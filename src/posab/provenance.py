@@ -1,0 +1,73 @@
+"""What a run's numbers depend on besides its config: the code it ran (commit, uncommitted changes), the
+installed packages, and the CPU kernels torch dispatches to (which set summation order and bf16 support)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posab.paths import source_root
+
+# the project's dependencies whose version can change a number (pyproject.toml)
+PACKAGES = ("torch", "numpy", "hydra-core", "omegaconf", "datasets", "tokenizers", "wandb", "tqdm")
+
+
+def _git(*args: str) -> str | None:
+    """stdout of a git command in the source tree; None outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=source_root(), capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def git_commit() -> str:
+    """The commit checked out in the source tree now ("unknown" outside a git checkout)."""
+    return _git("rev-parse", "HEAD") or "unknown"
+
+
+def git_dirty() -> bool | None:
+    """Whether a tracked file differs from that commit (untracked files are not code); None without git."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status)
+
+
+def package_versions() -> dict[str, str]:
+    """The installed version of each of PACKAGES ("" where one is not installed)."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = ""
+    return versions
+
+
+def cpu_capability() -> str:
+    """The CPU kernel set torch uses (DEFAULT, AVX2, AVX512, ...; `ATEN_CPU_CAPABILITY` lowers it)."""
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+def code_provenance() -> dict[str, Any]:
+    """The code a process runs: read once at import time of the caller (a Hydra multirun runs every job in
+    the process that imported posab, so a commit made while a sweep runs is not its later jobs' code)."""
+    return {"git_commit": git_commit(), "git_dirty": git_dirty()}
+
+
+def start_provenance(now: dict[str, Any], resumed_results: Path | None) -> dict[str, Any]:
+    """`git_commit_start` / `git_dirty_start`: the code a run started with. A resumed run keeps them from its
+    earlier results.json (`resumed_results`), and its `git_commit` is then the code it resumed with."""
+    before: dict[str, Any] = {}
+    if resumed_results is not None and resumed_results.is_file():
+        before = json.loads(resumed_results.read_text())
+    return {
+        "git_commit_start": before.get("git_commit_start", before.get("git_commit", now["git_commit"])),
+        "git_dirty_start": before.get("git_dirty_start", before.get("git_dirty", now["git_dirty"])),
+    }

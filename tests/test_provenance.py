@@ -1,0 +1,37 @@
+"""Provenance: the code, packages and CPU kernels a run records, and what a resumed run keeps of its start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from posab.provenance import PACKAGES, cpu_capability, package_versions, start_provenance
+
+NOW = {"git_commit": "b" * 40, "git_dirty": False}
+
+
+def test_a_fresh_run_starts_with_the_code_it_runs() -> None:
+    assert start_provenance(NOW, None) == {"git_commit_start": "b" * 40, "git_dirty_start": False}
+
+
+def test_a_resumed_run_keeps_the_commit_it_started_with(tmp_path: Path) -> None:
+    earlier = tmp_path / "results.json"
+    earlier.write_text(json.dumps({"git_commit": "a" * 40, "git_dirty": True, "status": "preempted"}))
+    assert start_provenance(NOW, earlier) == {"git_commit_start": "a" * 40, "git_dirty_start": True}
+    # resumed twice: the first start survives the second resume's results.json
+    second = {"git_commit": "c" * 40, "git_commit_start": "a" * 40, "git_dirty_start": True}
+    earlier.write_text(json.dumps(second))
+    assert start_provenance(NOW, earlier)["git_commit_start"] == "a" * 40
+
+
+def test_a_resumed_run_without_earlier_results_starts_now(tmp_path: Path) -> None:
+    assert start_provenance(NOW, tmp_path / "missing.json")["git_commit_start"] == "b" * 40
+
+
+def test_versions_and_cpu_capability() -> None:
+    versions = package_versions()
+    assert set(versions) == set(PACKAGES)
+    assert versions["torch"] == torch.__version__
+    assert cpu_capability() in {"DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256", "NO AVX"}
