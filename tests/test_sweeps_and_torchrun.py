@@ -233,8 +233,8 @@ def test_grid_sweeper_without_grids_says_what_it_needs(tmp_path: Path) -> None:
 STUDY_CORE = {"nope", "sinusoidal", "alibi", "rope", "multiscale", "hierarchical"}  # issue 17's six
 
 
-def test_the_main_study_runs_every_encoding_x_3_seeds_at_its_tuned_picks() -> None:
-    """study_main's grids are part 2's picks (results/study/tuning/picks.csv), every encoding x seeds 0-2,
+def test_the_main_study_runs_every_encoding_x_5_seeds_at_its_tuned_picks() -> None:
+    """study_main's grids are part 2's picks (results/study/tuning/picks.csv), every encoding x seeds 0-4,
     the passkey stage and needle grid for the six core encodings only; each job is a valid config."""
     with (ROOT / "results" / "study" / "tuning" / "picks.csv").open() as file:
         picks = {row["encoding"]: row for row in csv.DictReader(file)}
@@ -248,7 +248,7 @@ def test_the_main_study_runs_every_encoding_x_3_seeds_at_its_tuned_picks() -> No
         assert float(job.get("encoding.lr_mult", 1)) == float(pick["lr_mult"])
         staged = job["encoding"] in STUDY_CORE
         assert job.get("passkey.enabled", "False") == job.get("eval.needle.enabled", "False") == str(staged)
-    assert sorted(job["seed"] for job in jobs) == sorted(["0", "1", "2"] * len(ENCODINGS))
+    assert sorted(job["seed"] for job in jobs) == sorted(["0", "1", "2", "3", "4"] * len(ENCODINGS))
     one_seed = expand_grids(preset_grids("study_main"), parser.parse_overrides(["seed=1"]), parser)
     assert len(one_seed) == len(ENCODINGS)  # `seed=N` on the command line: one seed per sweep
     for job in one_seed:
