@@ -147,6 +147,16 @@ def test_tail_keys_and_per_window_arrays(corpus: CorpusData) -> None:
     assert float(arrays["loss_tail/128"].mean()) == pytest.approx(results["loss_tail/128"], rel=1e-5)
 
 
+def test_each_window_records_the_document_that_holds_most_of_it(corpus: CorpusData) -> None:
+    ctx = context(corpus, "nope")
+    arrays = run_evaluator(ctx, "perplexity").arrays["perplexity_windows"]
+    targets = ctx.valid.target_documents(arrays["starts"], 128)  # (N, 128)
+    assert targets is not None and arrays["documents"].shape == (4,)
+    for row, document in zip(targets, arrays["documents"], strict=True):
+        counts = np.bincount(row)
+        assert counts[document] == counts.max() and document == int(np.flatnonzero(counts == counts.max())[0])
+
+
 def test_per_document_means_weigh_every_document_equally(corpus: CorpusData) -> None:
     ctx = context(corpus, "alibi")
     results = perplexity_eval(ctx)

@@ -19,8 +19,10 @@ difference between lengths is the length, not the text. perplexity = exp(total l
   document does not dominate), when the split records its documents.
 - `ppl_sliding/L` with `stride`: sliding-window perplexity over the first windows' span of the split.
 - The per-window mean losses (`loss/L`, `loss_tail/L`, `loss_capped/L`, one value per window of Lmax, in
-  window order) and the window starts go to the `perplexity_windows` arrays (`perplexity_windows.npz`), so
-  that runs can be paired window by window.
+  window order), the window starts and each window's document (`documents`, where the split records its
+  documents: the one holding most of the window's targets) go to the `perplexity_windows` arrays
+  (`perplexity_windows.npz`), so that runs can be paired window by window and windows resampled within
+  documents.
 
 Encodings with evaluation-time variants (`Encoding.variants`: RoPE's context-extension methods `pi`, `ntk`,
 `yarn`; see `posab.encodings.rope`), at each length L past the training length: the same chunks are
@@ -199,6 +201,17 @@ def per_window(losses: Tensor, windows: int) -> np.ndarray:
     return losses.reshape(windows, -1).mean(dim=1).numpy().astype(np.float32)  # (N*k, M) -> (N, k*M) -> (N,)
 
 
+def window_documents(ctx: EvalContext, windows: np.ndarray, length: int) -> dict[str, np.ndarray]:
+    """{"documents": (N,) the document each window of `length` tokens belongs to: the one that holds most of
+    its targets (the lower index on a tie)}, the unit the report resamples windows within; empty when the
+    split does not record documents."""
+    documents = ctx.valid.target_documents(windows, length)  # (N, L) or None
+    if documents is None:
+        return {}
+    majority = [np.bincount(row).argmax() for row in documents.astype(np.int64)]  # (N,)
+    return {"documents": np.asarray(majority, dtype=np.int64)}
+
+
 def document_means(ctx: EvalContext, starts: np.ndarray, length: int, losses: Tensor) -> dict[str, float]:
     """`loss_docmean/L` and `ppl_docmean/L`: the mean over documents of their mean token loss; empty when the
     split does not record documents."""
@@ -290,6 +303,7 @@ class Perplexity(Evaluator[PerplexityConfig]):
         windows = ctx.valid.fixed_windows(longest, window_count(self.cfg, longest))  # (N,)
         results: dict[str, Any] = {}
         arrays: dict[str, np.ndarray] = {"starts": windows.astype(np.int64)}
+        arrays.update(window_documents(ctx, windows, longest))
         for length in ctx.bar(lengths, "perplexity", unit="length"):
             rows, per_window_losses = length_rows(ctx, self.cfg, windows, length)
             results.update(rows)
