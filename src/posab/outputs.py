@@ -77,3 +77,28 @@ class EvalOutput:
             if clashes:
                 raise ValueError(f"evaluation outputs clash on {clashes}")
             mine.update(theirs)
+
+
+CORPUS_SEPARATOR = ":"  # `wikitext2:ppl/512`: a metric of the evaluation corpus `wikitext2` (`eval.corpora`)
+
+
+def for_corpus(output: EvalOutput, corpus: str) -> EvalOutput:
+    """The output of evaluators run on the evaluation corpus `corpus`: every scalar, data and array key
+    prefixed `corpus:` (`wikitext2:ppl/512`), every table, curve, figure and array set named `corpus.NAME`
+    (the files `wikitext2.perplexity.csv`, `wikitext2.perplexity_windows.npz`)."""
+
+    def keyed(values: dict[str, Any]) -> dict[str, Any]:
+        return {f"{corpus}{CORPUS_SEPARATOR}{k}": v for k, v in values.items()}
+
+    def named(values: dict[str, Any]) -> dict[str, Any]:
+        return {f"{corpus}.{k}": v for k, v in values.items()}
+
+    curves = {k: Curves(f"{c.title} ({corpus})", c.xname, c.series) for k, c in output.curves.items()}
+    return EvalOutput(
+        scalars=keyed(output.scalars),
+        data=keyed(output.data),
+        tables=named(output.tables),
+        curves=named(curves),
+        figures=named(output.figures),
+        arrays=named({name: keyed(arrays) for name, arrays in output.arrays.items()}),
+    )

@@ -38,6 +38,7 @@ from posab.resume import (
 from posab.run_eval import (
     check_eval_lengths,
     check_stage_lengths,
+    corpus_streams,
     eval_context,
     eval_split,
     evaluate,
@@ -204,6 +205,7 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
     device = resolve_device(cfg.train.device)
     data = prepare_data(cfg.data)
     check_eval_lengths(cfg, eval_split(cfg, data))
+    corpora = corpus_streams(cfg, data)  # before training: a bad `eval.corpora` entry loses nothing
     if cfg.passkey.enabled:
         check_stage_lengths(cfg, data)
     model = build_model(cfg, data.vocab_size).to(device)
@@ -232,7 +234,7 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
         "data": {"cache": str(data.cache_dir.name), "tokens": {s: len(st) for s, st in data.streams.items()}},
     }
     if world().is_main:  # the final evaluations (and the passkey stage) run on rank 0; the other ranks wait
-        ctx = eval_context(cfg, model, data, device, trainer.dtype)
+        ctx = eval_context(cfg, model, data, device, trainer.dtype, corpora)
         if cfg.passkey.enabled:
             summary.update(evaluate_around_stage(cfg, ctx, data, run_dir, logger, result.steps))
         else:

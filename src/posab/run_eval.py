@@ -14,7 +14,7 @@ import torch
 from posab.build import encoding_name
 from posab.checkpoint import load_checkpoint, save_checkpoint
 from posab.config import Config, config_container
-from posab.data import CorpusData, TokenStream
+from posab.data import CorpusData, TokenStream, eval_corpus_stream
 from posab.data.passkey import filler_length
 from posab.errors import ConfigError
 from posab.evaluate import EvalContext, enabled_evaluators, run_evaluations
@@ -36,12 +36,24 @@ def eval_split(cfg: Config, data: CorpusData) -> TokenStream:
     return data.streams[cfg.eval.split]
 
 
-def check_eval_lengths(cfg: Config, valid: TokenStream) -> None:
+def corpus_streams(cfg: Config, data: CorpusData) -> dict[str, TokenStream]:
+    """`eval.corpora`, each encoded with the run's tokenizer, by name; each checked like `eval.split`, so
+    that a missing file or a corpus too short fails before training."""
+    streams = {}
+    for i, corpus in enumerate(cfg.eval.corpora):
+        stream = eval_corpus_stream(corpus.path, corpus.format, data.tokenizer, f"eval.corpora[{i}]")
+        check_eval_lengths(cfg, stream, per_corpus=True)
+        streams[corpus.name] = stream
+    return streams
+
+
+def check_eval_lengths(cfg: Config, valid: TokenStream, per_corpus: bool = False) -> None:
     """Fail before training when the evaluated split cannot supply an evaluation length (`eval.lengths`
     and the window lengths of every enabled evaluator)."""
     lengths = set(cfg.eval.lengths)
     for evaluator in enabled_evaluators(cfg.eval):
-        lengths |= set(evaluator.window_lengths(cfg.eval))
+        if evaluator.per_corpus or not per_corpus:
+            lengths |= set(evaluator.window_lengths(cfg.eval))
     too_long = sorted(n for n in lengths if valid.windows_available(n) == 0)
     if too_long:
         raise ConfigError(
@@ -60,11 +72,25 @@ def check_stage_lengths(cfg: Config, data: CorpusData) -> None:
 
 
 def eval_context(
-    cfg: Config, model: DecoderLM, data: CorpusData, device: torch.device, dtype: torch.dtype | None
+    cfg: Config,
+    model: DecoderLM,
+    data: CorpusData,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    corpora: dict[str, TokenStream] | None = None,
 ) -> EvalContext:
+    """What the evaluators receive; `corpora`: `eval.corpora`'s streams (built here when not given)."""
     valid = eval_split(cfg, data)
     return EvalContext(
-        model, data.tokenizer, valid, device, dtype, cfg.train.seq_len, cfg.eval, title=encoding_name(cfg)
+        model,
+        data.tokenizer,
+        valid,
+        device,
+        dtype,
+        cfg.train.seq_len,
+        cfg.eval,
+        title=encoding_name(cfg),
+        corpora=corpus_streams(cfg, data) if corpora is None else corpora,
     )
 
 

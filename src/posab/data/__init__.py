@@ -11,13 +11,14 @@ import numpy as np
 
 from posab.data.bpe import TOKENIZER_FILE, BPETokenizer
 from posab.data.config import DataConfig, SyntheticConfig
-from posab.data.corpora import corpus_identity, load_documents
+from posab.data.corpora import corpus_identity, load_documents, load_eval_documents
 from posab.data.passkey import filler_length, passkey_batch
 from posab.data.streams import (
     Batch,
     EncodedSplit,
     TokenStream,
     cache_key,
+    encode_split,
     encode_splits,
     fill_cache,
     load_cached,
@@ -33,6 +34,7 @@ __all__ = [
     "SyntheticConfig",
     "TokenStream",
     "TrainSampler",
+    "eval_corpus_stream",
     "prepare_data",
 ]
 
@@ -67,6 +69,18 @@ def prepare_data(cfg: DataConfig) -> CorpusData:
         streams = load_cached(folder)
         assert streams is not None
     return CorpusData(tokenizer=load_tokenizer(cfg, folder), streams=streams, cache_dir=folder)
+
+
+def eval_corpus_stream(path: str, fmt: str, tokenizer: Tokenizer, where: str) -> TokenStream:
+    """An evaluation corpus (`eval.corpora`) encoded with the run's tokenizer into one stream: its
+    documents concatenated in file order, each with its own anchors (BOS ... EOS), and the document index
+    of every token. Not cached: an evaluation corpus is small (WikiText-2's test split: 1.3 MB, under a
+    second as bytes)."""
+    encoded = encode_split(where, load_eval_documents(path, fmt, where), tokenizer, progress=False)
+    stream = encoded.stream
+    return TokenStream(
+        stream.tokens, stream.sentence, stream.paragraph, split=where, document=encoded.document
+    )
 
 
 def tokenizer_settings(cfg: DataConfig) -> dict[str, Any]:

@@ -69,6 +69,27 @@ def load_documents(cfg: DataConfig) -> dict[str, list[str]]:
 # ---------------------------------------------------------------- local text
 
 
+def load_eval_documents(path: str, fmt: str, where: str) -> list[str]:
+    """The documents of an evaluation corpus (`eval.corpora`), in file order then document order.
+
+    text: every .txt/.raw/.md file of a folder, file or glob is one document. wikitext: the files' lines
+    regrouped into articles, each starting at a top-level ` = Title = ` line (WikiText's own layout).
+    `where` names the config entry in errors."""
+    files = _text_files(path) if Path(path).expanduser().exists() or glob.glob(path) else []
+    if not files:
+        raise ConfigError(f"{where}.path='{path}' does not exist (give a folder, a text file or a glob)")
+    for file in files:
+        _check_text_file(file)
+    texts = [file.read_text(encoding="utf-8") for file in files]
+    if fmt == "wikitext":
+        docs = group_wikitext([line for text in texts for line in text.splitlines(keepends=True)])
+    else:
+        docs = [text for text in texts if text.strip()]
+    if not docs:
+        raise ConfigError(f"{where}.path='{path}' holds no text")
+    return docs
+
+
 def _text_files(path: str) -> list[Path]:
     """Every .txt file a path, folder or glob names, sorted."""
     root = Path(path).expanduser()

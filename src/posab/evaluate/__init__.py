@@ -9,16 +9,17 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import time
-from dataclasses import field, make_dataclass
+from dataclasses import field, make_dataclass, replace
 from functools import cache
 
 from posab.evaluate.base import Evaluator, SectionConfig
-from posab.evaluate.context import EvalContext, EvalSettings
-from posab.outputs import EvalOutput
+from posab.evaluate.context import EvalContext, EvalCorpus, EvalSettings
+from posab.outputs import EvalOutput, for_corpus
 
 __all__ = [
     "EvalConfig",
     "EvalContext",
+    "EvalCorpus",
     "EvalSettings",
     "Evaluator",
     "enabled_evaluators",
@@ -78,11 +79,20 @@ def run_evaluator(ctx: EvalContext, name: str) -> EvalOutput:
 
 
 def run_evaluations(ctx: EvalContext, after_stage: bool | None = None) -> EvalOutput:
-    """Run every enabled evaluator (or those whose `after_stage` is the given value); the wall time of each
-    under `time/<name>_s`."""
-    output = EvalOutput()
+    """Run every enabled evaluator (or those whose `after_stage` is the given value) on the run's split,
+    then each `per_corpus` one on every corpus of `ctx.corpora` (keys `NAME:...`, `for_corpus`); the wall
+    time of each under `time/<name>_s`."""
     chosen = [e for e in enabled_evaluators(ctx.cfg) if after_stage is None or e.after_stage == after_stage]
-    for evaluator in chosen:
+    output = _timed(ctx, chosen)
+    for name, stream in ctx.corpora.items():
+        on_corpus = replace(ctx, valid=stream, corpora={})
+        output.update(for_corpus(_timed(on_corpus, [e for e in chosen if e.per_corpus]), name))
+    return output
+
+
+def _timed(ctx: EvalContext, evaluators: list[Evaluator]) -> EvalOutput:
+    output = EvalOutput()
+    for evaluator in evaluators:
         started = time.perf_counter()
         output.update(evaluator.evaluate(ctx))
         output.scalars[f"time/{evaluator.name}_s"] = round(time.perf_counter() - started, 3)

@@ -38,6 +38,7 @@ class Evaluator(ABC, Generic[SectionT]):
     config: ClassVar[type[SectionConfig]]  # the section's dataclass
     order: ClassVar[int]  # evaluators run in increasing order
     after_stage: ClassVar[bool] = False  # with a passkey stage, runs on the model after it (else before)
+    per_corpus: ClassVar[bool] = False  # also runs on each of `eval.corpora` (it reads only their text)
 
     def __init__(self, cfg: SectionT) -> None:
         self.cfg = cfg

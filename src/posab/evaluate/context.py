@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,7 +22,27 @@ from posab.errors import require
 from posab.model import DecoderLM, Observer
 
 SPLITS = ("valid", "test")
+EVAL_FORMATS = ("text", "wikitext")  # as posab.data.corpora reads them
+CORPUS_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # a key prefix (`NAME:ppl/512`) and a file name part
 T = TypeVar("T")
+
+
+@dataclass
+class EvalCorpus:
+    """A further evaluation corpus (`eval.corpora`): scored by the evaluators that read only text
+    (`Evaluator.per_corpus`: perplexity) like the run's own `eval.split`, under keys `NAME:...`."""
+
+    name: str  # e.g. wikitext2: the prefix of its keys (`wikitext2:ppl/512`)
+    path: str  # a folder, file or glob, relative to the directory train.py is started from
+    format: str = "text"  # text: one document per file | wikitext: WikiText articles (` = Title = ` lines)
+
+    def validate(self, where: str) -> None:
+        require(
+            bool(CORPUS_NAME.fullmatch(self.name)),
+            f"{where}.name={self.name!r}: use letters, digits, _ and -, starting with a letter",
+        )
+        formats = " or ".join(EVAL_FORMATS)
+        require(self.format in EVAL_FORMATS, f"{where}.format={self.format!r}: use {formats}")
 
 
 @dataclass
@@ -37,6 +58,7 @@ class EvalSettings:
     # `ppl@KIND/L` (see `Encoding.variants`)
     rope_scaling: list[str] = field(default_factory=lambda: ["none", "pi", "ntk", "yarn"])
     rope_scaling_factor: float | None = None  # None: s = L / training length; else this fixed s >= 1
+    corpora: list[EvalCorpus] = field(default_factory=list)  # further corpora scored like `split`
 
     def validate_settings(self) -> None:
         require(self.split in SPLITS, f"eval.split={self.split!r}: use one of {', '.join(SPLITS)}")
@@ -49,6 +71,11 @@ class EvalSettings:
             not bad_kinds, f"eval.rope_scaling={kinds}: each of {'/'.join(SCALINGS)} once; bad: {bad_kinds}"
         )
         require(factor is None or factor >= 1, f"eval.rope_scaling_factor={factor} must be >= 1, or null")
+        names = [corpus.name for corpus in self.corpora]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        require(not twice, f"eval.corpora: each name once; {twice} given more than once")
+        for i, corpus in enumerate(self.corpora):
+            corpus.validate(f"eval.corpora[{i}]")
 
 
 @dataclass
@@ -61,6 +88,7 @@ class EvalContext:
     train_len: int
     cfg: EvalSettings  # the whole `eval` config (an `EvalConfig`)
     title: str = ""  # names the run on figures (the encoding)
+    corpora: dict[str, TokenStream] = field(default_factory=dict)  # `eval.corpora`'s streams, by name
 
     @cached_property
     def token_bytes(self) -> np.ndarray:

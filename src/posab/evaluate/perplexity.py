@@ -293,6 +293,7 @@ class Perplexity(Evaluator[PerplexityConfig]):
     name = "perplexity"
     config = PerplexityConfig
     order = 10
+    per_corpus = True
 
     def window_lengths(self, settings: EvalSettings) -> list[int]:
         return list(settings.lengths)
