@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from report_runs import finished_run
 
 from conftest import run_main, tiny_model, typed_config
 from posab.data import CorpusData, eval_corpus_stream
@@ -18,6 +19,7 @@ from posab.evaluate import EvalConfig, run_evaluations, run_evaluator
 from posab.evaluate.context import EvalContext
 from posab.evaluate.perplexity import PerplexityConfig
 from posab.outputs import for_corpus
+from posab.report.grouping import group_rows
 
 WIKITEXT = (
     " \n = First = \n \n Text of the first article . \n = = Section = = \n More of it . \n"
@@ -118,3 +120,14 @@ def test_a_run_writes_the_corpus_metrics_and_files(tmp_path: Path) -> None:
     assert results["eval"]["wiki:ppl/256"] > 0 and "wiki:loss_tail/256" in results["eval"]
     saved = np.load(tmp_path / "run" / "wiki.perplexity_windows.npz")
     assert saved["wiki:loss/256"].shape == saved["wiki:documents"].shape
+
+
+def test_runs_with_and_without_a_further_corpus_share_a_row() -> None:
+    """A further corpus adds its own keys and never changes the split's numbers: not a row of its own."""
+    corpora = "[{'name': 'wikitext2', 'path': 'wiki.test.raw', 'format': 'wikitext'}]"
+    runs = [
+        finished_run("a", "alibi", 0, "s", {"eval.corpora": "[]"}, {"ppl/512": 5.0}),
+        finished_run("b", "alibi", 1, "s", {"eval.corpora": corpora}, {"ppl/512": 5.1, "wiki:ppl/512": 9.0}),
+    ]
+    (row,) = group_rows(runs)["s"]
+    assert row.label == "alibi" and [r.name for r in row.runs] == ["a", "b"]

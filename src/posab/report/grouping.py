@@ -36,6 +36,7 @@ IGNORED_KEYS = (
     "train.progress",
     "eval.progress",
     "passkey.progress",
+    "eval.corpora",  # further corpora scored beside eval.split: their own keys, never the split's numbers
 )
 # Switches of measurements made after training: they never change the language model nor its perplexity and
 # shift numbers (those measure the model before the passkey stage, results.json's `eval_source`), and a run
