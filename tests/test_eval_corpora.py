@@ -91,6 +91,7 @@ def test_a_corpus_is_scored_exactly_as_the_split_is(tmp_path: Path, corpus: Corp
     [
         ("{name: '2x', path: p}", r"eval.corpora\[0\].name='2x': use letters"),
         ("{name: a, path: p, format: csv}", r"eval.corpora\[0\].format='csv': use text or wikitext"),
+        ("{name: windows, path: p}", r"eval.corpora\[0\].name='windows': .* other than windows and curve"),
     ],
 )
 def test_a_bad_entry_names_the_value_and_what_is_valid(entry: str, message: str) -> None:

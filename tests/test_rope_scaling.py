@@ -194,6 +194,26 @@ def test_perplexity_rows_per_scaling(corpus: CorpusData) -> None:
     assert torch.equal(token_losses(ctx, starts, 128), plain)  # unscaled again afterwards
 
 
+def test_the_scaled_tail_and_windows_come_from_the_scaled_losses(corpus: CorpusData) -> None:
+    """Under each scaling: the tail of its own per-token losses (positions >= the training length 64) and
+    its per-window losses in the arrays; no capped perplexity (it is the model at the training length)."""
+    ctx = context(corpus, "rope")
+    output = run_evaluator(ctx, "perplexity")
+    results, arrays = output.results, output.arrays["perplexity_windows"]
+    starts = ctx.valid.fixed_windows(128, window_count(ctx.cfg.perplexity, 128))  # one chunk per window
+    for kind, losses in scaled_losses(ctx, starts, 128).items():  # (N, 128)
+        tail = losses[:, 64:]  # (N, 64)
+        assert results[f"loss_tail@{kind}/128"] == pytest.approx(float(tail.mean()), rel=1e-5)
+        assert results[f"ppl_tail@{kind}/128"] == pytest.approx(math.exp(results[f"loss_tail@{kind}/128"]))
+        assert results[f"loss_tail@{kind}/128"] != results["loss_tail/128"], kind
+        assert arrays[f"loss@{kind}/128"] == pytest.approx(losses.mean(dim=1).numpy(), rel=1e-5)
+        assert arrays[f"loss_tail@{kind}/128"] == pytest.approx(tail.mean(dim=1).numpy(), rel=1e-5)
+        assert not [
+            k for k in (*results, *arrays) if k.startswith((f"loss_capped@{kind}", f"ppl_capped@{kind}"))
+        ]
+        assert f"loss_tail@{kind}/64" not in results and f"loss@{kind}/64" not in arrays
+
+
 def test_perplexity_rows_follow_the_config(corpus: CorpusData) -> None:
     results = perplexity_eval(context(corpus, "rope", rope_scaling=["yarn"], rope_scaling_factor=1.0))
     assert results["ppl@yarn/128"] == pytest.approx(results["ppl/128"], rel=1e-6)  # s = 1: plain RoPE

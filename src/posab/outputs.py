@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from posab.keys import CORPUS_SEPARATOR
+
 
 @dataclass(frozen=True)
 class Column:
@@ -77,9 +79,6 @@ class EvalOutput:
             if clashes:
                 raise ValueError(f"evaluation outputs clash on {clashes}")
             mine.update(theirs)
-
-
-CORPUS_SEPARATOR = ":"  # `wikitext2:ppl/512`: a metric of the evaluation corpus `wikitext2` (`eval.corpora`)
 
 
 def for_corpus(output: EvalOutput, corpus: str) -> EvalOutput:

@@ -7,19 +7,19 @@ only (no torch), so it prints the same table for a run and for its re-evaluation
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from posab.keys import key_lengths, metric_key, shift_sizes
 from posab.results import is_number
 
-LENGTH_ROWS = (  # (label, key pattern with {} for the length, format)
-    ("ppl", "ppl/{}", ".2f"),
-    ("ppl tail", "ppl_tail/{}", ".2f"),
-    ("ppl capped", "ppl_capped/{}", ".2f"),
-    ("needle acc", "needle/acc@{}", ".2f"),
-    ("needle gain", "needle/gain@{}", ".1f"),
+LENGTH_ROWS = (  # (label, metric at one length: `ppl/L`, `needle/acc@L`, ..., format)
+    ("ppl", "ppl", ".2f"),
+    ("ppl tail", "ppl_tail", ".2f"),
+    ("ppl capped", "ppl_capped", ".2f"),
+    ("needle acc", "acc", ".2f"),
+    ("needle gain", "gain", ".1f"),
 )
 SHIFT_ROWS = (  # (label, shift kind, metric, format)
     ("offset max|Δlogit|", "offset", "max_abs_logit", ".3g"),
@@ -34,12 +34,6 @@ def cell(value: Any, fmt: str) -> str:
     return format(float(value), fmt) if is_number(value) else "–"
 
 
-def _numbers(keys: Sequence[str], pattern: str) -> list[int]:
-    """The integers that fill `pattern`'s {} among the keys, sorted."""
-    regex = re.compile(re.escape(pattern).replace(r"\{\}", r"(\d+)"))
-    return sorted({int(m.group(1)) for k in keys if (m := regex.fullmatch(k))})
-
-
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """Left-aligned first column, right-aligned numbers, two spaces between columns."""
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
@@ -52,11 +46,13 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str
 
 
 def length_table(scalars: Mapping[str, Any]) -> list[str]:
-    lengths = _numbers(list(scalars), "ppl/{}") or _numbers(list(scalars), "needle/acc@{}")
+    """The run's metrics at each evaluation length (the perplexity's lengths, else the needle's), one row
+    per metric it has."""
+    lengths = key_lengths(scalars, "ppl") or key_lengths(scalars, "acc")
     rows = [
-        [label, *(cell(scalars.get(key.format(n)), fmt) for n in lengths)]
-        for label, key, fmt in LENGTH_ROWS
-        if any(key.format(n) in scalars for n in lengths)
+        [label, *(cell(scalars.get(metric_key(metric, n)), fmt) for n in lengths)]
+        for label, metric, fmt in LENGTH_ROWS
+        if any(metric_key(metric, n) in scalars for n in lengths)
     ]
     return text_table(["length", *map(str, lengths)], rows) if rows else []
 
@@ -64,9 +60,9 @@ def length_table(scalars: Mapping[str, Any]) -> list[str]:
 def shift_table(scalars: Mapping[str, Any]) -> list[str]:
     lines = []
     for label, kind, metric, fmt in SHIFT_ROWS:
-        ks = _numbers(list(scalars), f"shift/{kind}{{}}/{metric}")
+        ks = shift_sizes(scalars, kind, metric)
         if ks:
-            cells = [f"k={k}: {cell(scalars[f'shift/{kind}{k}/{metric}'], fmt)}" for k in ks]
+            cells = [f"k={k}: {cell(scalars[metric_key(metric, shift=kind, k=k)], fmt)}" for k in ks]
             lines.append(f"{label:<20}" + "   ".join(cells))
     return lines
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,11 +18,12 @@ from posab.device import autocast
 from posab.distributed import progress_bar
 from posab.encodings.rope import SCALINGS
 from posab.errors import require
+from posab.keys import NAME
 from posab.model import DecoderLM, Observer
 
 SPLITS = ("valid", "test")
 EVAL_FORMATS = ("text", "wikitext")  # as posab.data.corpora reads them
-CORPUS_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # a key prefix (`NAME:ppl/512`) and a file name part
+RESERVED_NAMES = ("windows", "curve")  # runs.csv's own column prefixes (`windows:loss/512`)
 T = TypeVar("T")
 
 
@@ -38,8 +38,9 @@ class EvalCorpus:
 
     def validate(self, where: str) -> None:
         require(
-            bool(CORPUS_NAME.fullmatch(self.name)),
-            f"{where}.name={self.name!r}: use letters, digits, _ and -, starting with a letter",
+            bool(NAME.fullmatch(self.name)) and self.name not in RESERVED_NAMES,
+            f"{where}.name={self.name!r}: use letters, digits, _ and -, starting with a letter, other than "
+            f"{' and '.join(RESERVED_NAMES)}",
         )
         formats = " or ".join(EVAL_FORMATS)
         require(self.format in EVAL_FORMATS, f"{where}.format={self.format!r}: use {formats}")

@@ -23,7 +23,8 @@ needle, whatever its accuracy, and moves before accuracy does.
 
 Results: `needle/acc`, `needle/logprob` and `needle/gain` (means over all trials), the same per length
 (`@L`) and per cell (`@L/depth{d}`), and `needle/grid` ({"lengths", "depths", "acc", "logprob", "gain"}, as
-[per length][per depth] lists); the cells as the `needle` table and the `needle_heatmap` figure.
+[per length][per depth] lists); the cells as the `needle` table and the `needle_heatmap` figure. Keys:
+`posab.keys`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from posab.data.streams import Batch
 from posab.errors import ConfigError, require
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
+from posab.keys import metric_key
 from posab.outputs import Column, EvalOutput, Table
 from posab.plots import needle_heatmap
 
@@ -74,11 +76,6 @@ class NeedleConfig(SectionConfig):
 
 def needle_lengths(cfg: NeedleConfig, settings: EvalSettings) -> list[int]:
     return list(cfg.lengths or settings.lengths)
-
-
-def depth_label(depth: float) -> str:
-    """`depth0.25`: the depth as the config writes it."""
-    return f"depth{float(depth)}"
 
 
 def check_lengths(ctx: EvalContext, lengths: list[int], key_digits: int) -> None:
@@ -217,17 +214,18 @@ def diagnostics(lengths: list[int], cells: Cells) -> tuple[dict[str, float], dic
     data."""
     out: dict[str, float] = {}
     for d, value in enumerate(cells.digits.mean((0, 1))):  # (K,)
-        out[f"needle/digit_acc/d{d}"] = float(value)
+        out[metric_key("digit_acc", digit=d)] = float(value)
     for i, length in enumerate(lengths):
         for d, value in enumerate(cells.digits[i].mean(0)):  # (K,)
-            out[f"needle/digit_acc@{length}/d{d}"] = float(value)
+            out[metric_key("digit_acc", length, digit=d)] = float(value)
     data: dict[str, Any] = {}
     if cells.attention is not None:
         per_head = cells.attention.mean(1)  # (lengths, depths, layers, H) -> (lengths, layers, H)
         for i, length in enumerate(lengths):
             layer, head = np.unravel_index(int(per_head[i].argmax()), per_head[i].shape)
-            out[f"needle/attn_mass@{length}"] = float(per_head[i, layer, head])
-            out[f"needle/attn_layer@{length}"], out[f"needle/attn_head@{length}"] = int(layer), int(head)
+            out[metric_key("attn_mass", length)] = float(per_head[i, layer, head])
+            out[metric_key("attn_layer", length)] = int(layer)
+            out[metric_key("attn_head", length)] = int(head)
         data["needle/attention"] = {"lengths": [int(n) for n in lengths], "mass": per_head.tolist()}
     return out, data
 
@@ -236,11 +234,11 @@ def needle_metrics(lengths: list[int], depths: list[float], cells: Cells) -> Eva
     """The output from the (lengths, depths) cell means (every cell has `trials` trials)."""
     out: dict[str, float] = {}
     for name, values in cells.as_dict().items():
-        out[f"needle/{name}"] = float(values.mean())
+        out[metric_key(name)] = float(values.mean())
         for i, length in enumerate(lengths):
-            out[f"needle/{name}@{length}"] = float(values[i].mean())
+            out[metric_key(name, length)] = float(values[i].mean())
             for j, depth in enumerate(depths):
-                out[f"needle/{name}@{length}/{depth_label(depth)}"] = float(values[i, j])
+                out[metric_key(name, length, depth=depth)] = float(values[i, j])
     grid = {"lengths": [int(n) for n in lengths], "depths": [float(d) for d in depths]}
     grid |= {name: values.tolist() for name, values in cells.as_dict().items()}
     rows = [
@@ -288,31 +286,31 @@ class Needle(Evaluator[NeedleConfig]):
     @staticmethod
     def report_columns(keys: Collection[str]) -> list[Column]:
         columns = []
-        if "needle/acc" in keys:
+        if metric_key("acc") in keys:
             columns.append(
                 Column(
                     "needle acc",
-                    "needle/acc",
+                    metric_key("acc"),
                     ".2f",
                     "passkey accuracy over every length and depth (`needle/acc`)",
                 )
             )
-        if "needle/logprob" in keys:
+        if metric_key("logprob") in keys:
             columns.append(
                 Column(
                     "key logprob",
-                    "needle/logprob",
+                    metric_key("logprob"),
                     ".2f",
                     "log-probability (nats) of the whole passkey given the prompt (summed over its digits), "
                     "mean over every length and depth (`needle/logprob`; uniform over the 10 digits: "
                     "5 ln 0.1 = -11.51 for 5-digit keys)",
                 )
             )
-        if "needle/gain" in keys:
+        if metric_key("gain") in keys:
             columns.append(
                 Column(
                     "needle gain",
-                    "needle/gain",
+                    metric_key("gain"),
                     ".2f",
                     "retrieval control: log p(key | the needle holds it) - log p(key | the needle holds "
                     "another key), nats, mean over every length and depth (`needle/gain`; 0 = the needle is "

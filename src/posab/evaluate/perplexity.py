@@ -27,14 +27,17 @@ difference between lengths is the length, not the text. perplexity = exp(total l
 Encodings with evaluation-time variants (`Encoding.variants`: RoPE's context-extension methods `pi`, `ntk`,
 `yarn`; see `posab.encodings.rope`), at each length L past the training length: the same chunks are
 scored again under each variant listed in `eval.rope_scaling` at scale factor s = L / train_len (or
-`eval.rope_scaling_factor`), as `loss@KIND/L`, `ppl@KIND/L`, `bpb@KIND/L` and `position_loss@KIND/L`
-(`none` is the plain rows; at L <= T every variant would equal `none`, so those rows are left out).
+`eval.rope_scaling_factor`), as `loss@KIND/L`, `ppl@KIND/L`, `bpb@KIND/L`, `position_loss@KIND/L`,
+`ppl_windows@KIND/L`, the tail of those scaled losses (`loss_tail@KIND/L`, `ppl_tail@KIND/L`: positions
+>= T), `loss_docmean@KIND/L` and `ppl_docmean@KIND/L`, and the per-window losses `loss@KIND/L` and
+`loss_tail@KIND/L` in the `perplexity_windows` arrays (`none` is the plain rows; at L <= T every variant
+would equal `none`, so those rows are left out). Capped perplexity is not measured under a variant: it
+scores inputs of the training length, which the variants exist to go beyond. Keys: `posab.keys`.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -48,6 +51,7 @@ from torch import Tensor
 from posab.errors import require
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
+from posab.keys import key_lengths, metric_key
 from posab.outputs import Column, Curves, EvalOutput, Table
 from posab.results import bin_centres, bin_edges
 
@@ -133,18 +137,22 @@ def target_bytes(ctx: EvalContext, starts: np.ndarray, length: int) -> int:
     return int(ctx.token_bytes[targets].sum())
 
 
-def loss_rows(losses: Tensor, suffix: str, bins: int, n_bytes: int) -> dict[str, Any]:
-    """(N, L) per-token losses -> `loss{suffix}`, `ppl{suffix}`, `position_loss{suffix}`, `bpb{suffix}`.
+def loss_rows(
+    losses: Tensor, length: int, bins: int, n_bytes: int, variant: str | None = None
+) -> dict[str, Any]:
+    """(N, L) per-token losses -> `loss/L`, `ppl/L`, `bpb/L`, `position_loss/L` (`loss@VARIANT/L`, ...
+    under an evaluation-time variant).
 
     bpb: bits per text byte, total loss / ln 2 / the bytes the scored tokens stand for; unlike per-token
     loss it compares runs whose token streams differ (anchors on/off, bytes vs BPE)."""
     mean = float(losses.mean())
-    return {
-        f"loss{suffix}": mean,
-        f"ppl{suffix}": math.exp(mean),
-        f"bpb{suffix}": float(losses.sum()) / math.log(2) / max(n_bytes, 1),
-        f"position_loss{suffix}": binned(losses.mean(dim=0), bins),
+    values = {
+        "loss": mean,
+        "ppl": math.exp(mean),
+        "bpb": float(losses.sum()) / math.log(2) / max(n_bytes, 1),
+        "position_loss": binned(losses.mean(dim=0), bins),
     }
+    return {metric_key(metric, length, variant=variant): value for metric, value in values.items()}
 
 
 def scaled_losses(ctx: EvalContext, starts: np.ndarray, length: int) -> dict[str, Tensor]:
@@ -185,7 +193,7 @@ class LengthLosses:
 
     full: Tensor  # (N * k, L)
     tail: Tensor | None  # (N * k, L - T), positions >= T; None at L <= T
-    capped: Tensor | None  # (N * k, L - T), the tail with context cut to T; None at L <= T
+    capped: Tensor | None  # (N * k, L - T), the tail with context cut to T; None at L <= T and under variants
 
 
 def length_losses(ctx: EvalContext, cfg: PerplexityConfig, starts: np.ndarray, length: int) -> LengthLosses:
@@ -212,9 +220,11 @@ def window_documents(ctx: EvalContext, windows: np.ndarray, length: int) -> dict
     return {"documents": np.asarray(majority, dtype=np.int64)}
 
 
-def document_means(ctx: EvalContext, starts: np.ndarray, length: int, losses: Tensor) -> dict[str, float]:
-    """`loss_docmean/L` and `ppl_docmean/L`: the mean over documents of their mean token loss; empty when the
-    split does not record documents."""
+def document_means(
+    ctx: EvalContext, starts: np.ndarray, length: int, losses: Tensor, variant: str | None = None
+) -> dict[str, float]:
+    """`loss_docmean/L` and `ppl_docmean/L` (`@VARIANT` under a variant): the mean over documents of their
+    mean token loss; empty when the split does not record documents."""
     documents = ctx.valid.target_documents(starts, length)  # (N * k, L) or None
     if documents is None:
         return {}
@@ -225,33 +235,60 @@ def document_means(ctx: EvalContext, starts: np.ndarray, length: int, losses: Te
     )
     counts = torch.bincount(index).double()
     mean = float((sums / counts).mean())
-    return {f"loss_docmean/{length}": mean, f"ppl_docmean/{length}": math.exp(mean)}
+    return {
+        metric_key("loss_docmean", length, variant=variant): mean,
+        metric_key("ppl_docmean", length, variant=variant): math.exp(mean),
+    }
+
+
+@dataclass
+class Scored:
+    """What one length's chunks are: their starts, the text bytes their targets stand for, and how many
+    windows of the longest length they tile."""
+
+    starts: np.ndarray  # (N * k,) chunk starts
+    length: int
+    n_bytes: int
+    windows: int  # N
+
+
+def summarised(
+    ctx: EvalContext, cfg: PerplexityConfig, scored: Scored, losses: LengthLosses, variant: str | None = None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The rows of one length's losses under `variant` (None: the model as trained): plain, per-document,
+    and tail and capped where measured; and their per-window mean losses."""
+    length = scored.length
+    out = loss_rows(losses.full, length, cfg.position_bins, scored.n_bytes, variant)
+    out[metric_key("ppl_windows", length, variant=variant)] = len(scored.starts)
+    out.update(document_means(ctx, scored.starts, length, losses.full, variant))
+    arrays = {metric_key("loss", length, variant=variant): per_window(losses.full, scored.windows)}
+    for name, part in (("tail", losses.tail), ("capped", losses.capped)):
+        if part is not None:
+            mean = float(part.mean())
+            out[metric_key(f"loss_{name}", length, variant=variant)] = mean
+            out[metric_key(f"ppl_{name}", length, variant=variant)] = math.exp(mean)
+            arrays[metric_key(f"loss_{name}", length, variant=variant)] = per_window(part, scored.windows)
+    return out, arrays
 
 
 def length_rows(
     ctx: EvalContext, cfg: PerplexityConfig, windows: np.ndarray, length: int
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Every result of one length (plain, tail, capped, per-document, sliding, per-variant rows), and the
-    per-window mean losses."""
+    per-window mean losses (plain and per variant)."""
     started = time.perf_counter()
-    longest = max(ctx.cfg.lengths)
-    starts = chunk_starts(windows, longest, length)
-    n_bytes = target_bytes(ctx, starts, length)
-    losses = length_losses(ctx, cfg, starts, length)
-    out = loss_rows(losses.full, f"/{length}", cfg.position_bins, n_bytes)
-    out[f"ppl_windows/{length}"] = len(starts)
-    out.update(document_means(ctx, starts, length, losses.full))
-    arrays = {f"loss/{length}": per_window(losses.full, len(windows))}
-    for name, part in (("tail", losses.tail), ("capped", losses.capped)):
-        if part is not None:
-            mean = float(part.mean())
-            out.update({f"loss_{name}/{length}": mean, f"ppl_{name}/{length}": math.exp(mean)})
-            arrays[f"loss_{name}/{length}"] = per_window(part, len(windows))
+    starts = chunk_starts(windows, max(ctx.cfg.lengths), length)
+    scored = Scored(starts, length, target_bytes(ctx, starts, length), len(windows))
+    out, arrays = summarised(ctx, cfg, scored, length_losses(ctx, cfg, starts, length))
     if cfg.stride is not None:
-        out[f"ppl_sliding/{length}"] = math.exp(sliding_loss(ctx, length, cfg.stride, len(starts) * length))
+        sliding = sliding_loss(ctx, length, cfg.stride, len(starts) * length)
+        out[metric_key("ppl_sliding", length)] = math.exp(sliding)
     out[f"time/ppl@{length}_s"] = round(time.perf_counter() - started, 3)
-    for kind, scaled in scaled_losses(ctx, starts, length).items():
-        out.update(loss_rows(scaled, f"@{kind}/{length}", cfg.position_bins, n_bytes))
+    for kind, scaled in scaled_losses(ctx, starts, length).items():  # only past the training length
+        parts = LengthLosses(scaled, scaled[:, ctx.train_len :], None)  # capped: not measured under a kind
+        rows, per_window_losses = summarised(ctx, cfg, scored, parts, kind)
+        out.update(rows)
+        arrays.update(per_window_losses)
     return out, arrays
 
 
@@ -259,13 +296,17 @@ def perplexity_table(results: dict[str, Any], lengths: list[int], sliding: bool)
     columns, keys = ["length", "loss", "ppl", "windows"], ["loss", "ppl", "ppl_windows"]
     if sliding:
         columns, keys = [*columns, "ppl_sliding"], [*keys, "ppl_sliding"]
-    return Table(columns, [[n, *(results[f"{key}/{n}"] for key in keys)] for n in lengths])
+    return Table(columns, [[n, *(results[metric_key(key, n)] for key in keys)] for n in lengths])
 
 
 def perplexity_curves(results: dict[str, Any], lengths: list[int]) -> dict[str, Curves]:
     """Perplexity against length, and the binned loss over the window's positions at each length."""
-    ppl = ([float(n) for n in lengths], [results[f"ppl/{n}"] for n in lengths])
-    curves = {f"L={n}": (bin_centres(n, len(c)), c) for n in lengths if (c := results[f"position_loss/{n}"])}
+    ppl = ([float(n) for n in lengths], [results[metric_key("ppl", n)] for n in lengths])
+    curves = {
+        f"L={n}": (bin_centres(n, len(c)), c)
+        for n in lengths
+        if (c := results[metric_key("position_loss", n)])
+    }
     return {
         "ppl_vs_length": Curves("Perplexity vs evaluation length", "length", {"ppl": ppl}),
         "position_loss": Curves("Loss per position", "position", curves),
@@ -280,11 +321,6 @@ CAPPED_LEGEND = (
     "the tail tokens rescored with their context cut to the training length (`ppl_capped/{n}`): above "
     "tail@{n}, the model uses the context past the training length; equal, it ignores it; below, it hurts"
 )
-
-
-def lengths_of(kind: str, keys: Collection[str]) -> list[int]:
-    """The lengths L of the keys `kind/L` (kind: ppl, ppl_tail, ...), sorted."""
-    return sorted({int(m[1]) for k in keys if (m := re.fullmatch(rf"{kind}/(\d+)", k))})
 
 
 class Perplexity(Evaluator[PerplexityConfig]):
@@ -322,21 +358,21 @@ class Perplexity(Evaluator[PerplexityConfig]):
     def report_columns(keys: Collection[str]) -> list[Column]:
         """ppl at every length, tail and capped perplexity at every length past training, bits per byte at
         the shortest and the longest length."""
-        every = lengths_of("ppl", keys)
+        every = key_lengths(keys, "ppl")
         ends = {min(every, default=0), max(every, default=0)}
         return [
-            *(Column(f"ppl@{n}", f"ppl/{n}", ".2f", PPL_LEGEND.format(n=n)) for n in every),
+            *(Column(f"ppl@{n}", metric_key("ppl", n), ".2f", PPL_LEGEND.format(n=n)) for n in every),
             *(
-                Column(f"tail@{n}", f"ppl_tail/{n}", ".2f", TAIL_LEGEND.format(n=n))
-                for n in lengths_of("ppl_tail", keys)
+                Column(f"tail@{n}", metric_key("ppl_tail", n), ".2f", TAIL_LEGEND.format(n=n))
+                for n in key_lengths(keys, "ppl_tail")
             ),
             *(
-                Column(f"capped@{n}", f"ppl_capped/{n}", ".2f", CAPPED_LEGEND.format(n=n))
-                for n in lengths_of("ppl_capped", keys)
+                Column(f"capped@{n}", metric_key("ppl_capped", n), ".2f", CAPPED_LEGEND.format(n=n))
+                for n in key_lengths(keys, "ppl_capped")
             ),
             *(
-                Column(f"bpb@{n}", f"bpb/{n}", ".3f", f"bits per text byte (`bpb/{n}`)")
-                for n in lengths_of("bpb", keys)
+                Column(f"bpb@{n}", metric_key("bpb", n), ".3f", f"bits per text byte (`bpb/{n}`)")
+                for n in key_lengths(keys, "bpb")
                 if n in ends
             ),
         ]

@@ -23,12 +23,11 @@ Each shift is compared with its reference over the scored positions: max |delta 
 windows, vocabulary and prefix texts), mean KL(p_ref || p_shift) of the next-token distributions (from
 float32 log_softmax; per-position values clamped at 0 against rounding), top-1 agreement (share of
 positions with the same argmax), and delta loss (mean cross-entropy on the scored targets, shifted minus
-reference); the means run over every (prefix text, window, position).
+reference); the means run over every (prefix text, window, position). Keys: `posab.keys`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
@@ -40,10 +39,11 @@ from posab.data import Batch, TokenStream
 from posab.errors import ConfigError, require
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
+from posab.keys import SHIFT_KINDS, SHIFT_METRICS, metric_key, shift_sizes
 from posab.outputs import Column, EvalOutput, Table
 
-METRICS = ("max_abs_logit", "kl", "top1_agree", "dloss")
-KINDS = ("offset", "prefix", "context")
+METRICS = SHIFT_METRICS  # the columns of the `shift` table, in this order
+KINDS = SHIFT_KINDS  # its rows: offset, prefix, context
 
 
 @dataclass
@@ -277,7 +277,7 @@ class Shift(Evaluator[ShiftConfig]):
     def evaluate(self, ctx: EvalContext) -> EvalOutput:
         metrics = shift_metrics(ctx, self.cfg)
         scalars = {
-            f"shift/{kind}{k}/{name}": value
+            metric_key(name, shift=kind, k=k): value
             for (kind, k), values in metrics.items()
             for name, value in values.items()
         }
@@ -287,17 +287,17 @@ class Shift(Evaluator[ShiftConfig]):
     @staticmethod
     def report_columns(keys: Collection[str]) -> list[Column]:
         columns = []
-        if (k := _largest(keys, r"shift/offset(\d+)/kl")) is not None:
+        if (k := _largest(keys, "offset", "kl")) is not None:
             columns.append(
                 Column(
                     f"KL offset {k}",
-                    f"shift/offset{k}/kl",
+                    metric_key("kl", shift="offset", k=k),
                     ".3g",
                     f"mean KL(p_ref ‖ p_shift) of next-token distributions when every position is offset "
                     f"by {k}, the largest offset evaluated (`shift/offset{k}/kl`; 0 = offset-invariant)",
                 )
             )
-        if _largest(keys, r"shift/context(\d+)/dloss") is None:
+        if _largest(keys, "context", "dloss") is None:
             return columns + _legacy_prefix_column(keys)
         return columns + _prefix_columns(keys)
 
@@ -305,11 +305,11 @@ class Shift(Evaluator[ShiftConfig]):
 def _prefix_columns(keys: Collection[str]) -> list[Column]:
     """Δloss of the largest unrelated prefix and of the largest real context, each where the runs have it."""
     columns = []
-    if (k := _largest(keys, r"shift/prefix(\d+)/dloss")) is not None:
+    if (k := _largest(keys, "prefix", "dloss")) is not None:
         columns.append(
             Column(
                 f"Δloss prefix {k}",
-                f"shift/prefix{k}/dloss",
+                metric_key("dloss", shift="prefix", k=k),
                 ".3f",
                 f"mean loss change on the last (training length − {k}) tokens of each window when {k} tokens "
                 f"of unrelated text come before them, the input staying within the training length; mean "
@@ -317,11 +317,11 @@ def _prefix_columns(keys: Collection[str]) -> list[Column]:
                 f"unrelated text distracts)",
             )
         )
-    if (k := _largest(keys, r"shift/context(\d+)/dloss")) is not None:
+    if (k := _largest(keys, "context", "dloss")) is not None:
         columns.append(
             Column(
                 f"Δloss context {k}",
-                f"shift/context{k}/dloss",
+                metric_key("dloss", shift="context", k=k),
                 ".3f",
                 f"mean loss change on the same tokens when the {k} tokens that really precede them in the "
                 f"text come before them (the whole window), the largest evaluated "
@@ -333,12 +333,12 @@ def _prefix_columns(keys: Collection[str]) -> list[Column]:
 
 def _legacy_prefix_column(keys: Collection[str]) -> list[Column]:
     """Runs from before the context kind: prefix k was prepended to the whole window (T + k tokens)."""
-    if (k := _largest(keys, r"shift/prefix(\d+)/dloss")) is None:
+    if (k := _largest(keys, "prefix", "dloss")) is None:
         return []
     return [
         Column(
             f"Δloss prefix {k}",
-            f"shift/prefix{k}/dloss",
+            metric_key("dloss", shift="prefix", k=k),
             ".3f",
             f"mean loss change on the same window when {k} tokens of context are prepended, the "
             f"largest prefix evaluated (`shift/prefix{k}/dloss`; < 0: the extra context helps)",
@@ -346,7 +346,6 @@ def _legacy_prefix_column(keys: Collection[str]) -> list[Column]:
     ]
 
 
-def _largest(keys: Collection[str], pattern: str) -> int | None:
-    """The largest integer `pattern` captures in any of `keys`, or None."""
-    found = [int(m[1]) for key in keys if (m := re.fullmatch(pattern, key))]
-    return max(found) if found else None
+def _largest(keys: Collection[str], kind: str, metric: str) -> int | None:
+    """The largest k of the keys `shift/{kind}k/{metric}` among `keys`, or None."""
+    return max(shift_sizes(keys, kind, metric), default=None)
