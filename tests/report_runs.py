@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from posab.report.records import RunRecord
+from posab.report.records import RUN_INFO_KEYS, RunRecord
 
-RUN_INFO = dict.fromkeys(("experiment", "overrides", "git_commit", "machine", "device", "precision"), "")
+RUN_INFO = dict.fromkeys(RUN_INFO_KEYS, "")
 
 
 def finished_run(

@@ -15,7 +15,7 @@ from conftest import ROOT
 PACKAGE = ROOT / "src" / "posab"
 # Bottom to top. A module is named by its dotted path below posab; `encodings` covers its submodules.
 LAYERS: list[set[str]] = [
-    {"errors", "io", "results", "paths", "outputs", "plots", "summary"},  # no torch
+    {"errors", "io", "results", "paths", "outputs", "plots", "keys", "summary"},  # no torch
     {"device", "distributed", "encodings", "attention", "data", "provenance"},  # components
     {"model"},
     {"train", "losses", "train_state", "logging", "wandb_logger", "passkey_stage"},

@@ -252,7 +252,7 @@ def test_rope_scalings_become_rows_of_their_own() -> None:
         seed=0,
         study="s",
         info={},
-        config={"encoding.name": "rope"},
+        config={"encoding.name": "rope", "train.seq_len": "64"},
         metrics={"ppl/64": 5.0, "ppl/128": 9.0, "ppl@pi/128": 7.0, "needle/acc@128": 0.5},
         series={"position_loss/128": [1.0], "position_loss@pi/128": [0.5]},
     )
@@ -260,7 +260,8 @@ def test_rope_scalings_become_rows_of_their_own() -> None:
     assert set(rows) == {"rope", "rope + pi"}
     assert metric(rows["rope"], "ppl/128") == [9.0] and metric(rows["rope + pi"], "ppl/128") == [7.0]
     assert metric(rows["rope + pi"], "ppl/64") == [5.0]  # within the training length: unscaled
-    assert metric(rows["rope + pi"], "needle/acc@128") == [0.5]
+    assert metric(rows["rope"], "needle/acc@128") == [0.5]
+    assert metric(rows["rope + pi"], "needle/acc@128") == []  # not measured under pi: blank, not rope's
     assert rows["rope + pi"].runs[0].series["position_loss/128"] == [0.5]
 
 
@@ -356,7 +357,7 @@ def test_training_curves_plot_one_line_per_trained_row(tmp_path: Path) -> None:
     assert not (tmp_path / "none.png").exists()
 
 
-def test_colour_follows_the_encoding_and_line_style_the_variant() -> None:
+def test_every_row_of_a_panel_has_its_colour_the_first_variant_its_encodings() -> None:
     runs = [
         record("multiscale", 0, {"ppl/64": 5.0}, **{"data.anchors": "false"}),
         record("multiscale", 0, {"ppl/64": 5.0}, **{"data.anchors": "true"}),
@@ -365,14 +366,15 @@ def test_colour_follows_the_encoding_and_line_style_the_variant() -> None:
     ]
     rows = {row.label: row for row in group_rows(runs)["ablation"]}
     styles = line_styles(rows)
+    assert len({styles[label]["color"] for label in rows}) == len(rows) == 5
     for one, other in (
         ("multiscale, data.anchors=false", "multiscale, data.anchors=true"),
         ("rope", "rope + pi"),
     ):
-        assert styles[one]["color"] == styles[other]["color"], (one, other)
         assert styles[one]["linestyle"] != styles[other]["linestyle"], (one, other)
-    colours = [styles[label]["color"] for label in ("alibi", "multiscale, data.anchors=false", "rope")]
-    assert len(set(colours)) == 3
+    own = line_styles({label: rows[label] for label in ("alibi", "multiscale, data.anchors=false", "rope")})
+    for label, style in own.items():  # the first variant of an encoding: the encoding's colour
+        assert styles[label]["color"] == style["color"], label
     assert styles["alibi"]["linestyle"] == styles["rope"]["linestyle"] == "-"  # no variant: solid
     alone = line_styles({"rope": rows["rope"]})  # an encoding keeps its colour in another report
     assert alone["rope"]["color"] == styles["rope"]["color"]

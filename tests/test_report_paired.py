@@ -1,5 +1,5 @@
 """Paired-bootstrap differences between encodings: the statistic, the runs.csv columns it needs, and the
-report section, on synthetic per-window losses."""
+report section, on synthetic per-window losses (the tests themselves: test_report_statistics.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from posab.report.runs_csv import load_csv, write_csv
 from posab.report.stats import paired_differences
 
 STARTS = [0, 4096, 8192, 12288]
+DOCUMENTS = [0, 0, 1, 1]  # the windows of STARTS lie in two documents
 SECTION = "### Paired differences (study s)"
 
 
@@ -30,13 +31,14 @@ def record(
     windows: dict[str, list[float]],
     starts: list[int] | None = None,
     metrics: dict[str, float] | None = None,
+    documents: list[int] | None = None,
 ) -> RunRecord:
-    """A finished run of study `s` with these per-window losses, rounded as a run directory's are."""
+    """A finished run of study `s` with these per-window losses, rounded as a run directory's are, and
+    (optionally) each window's document."""
     rounded = {k: [float(f"{v:.7g}") for v in values] for k, values in windows.items()}
     starts = list(STARTS if starts is None else starts)
-    return finished_run(
-        f"{encoding}-{seed}", encoding, seed, "s", None, metrics, windows=rounded, window_starts=starts
-    )
+    fields = {"windows": rounded, "window_starts": starts, "window_documents": list(documents or [])}
+    return finished_run(f"{encoding}-{seed}", encoding, seed, "s", None, metrics, **fields)
 
 
 def shifted_arms(shift: float, windows: int = 200, seeds: int = 3) -> tuple[np.ndarray, np.ndarray]:
@@ -113,9 +115,9 @@ def test_the_same_runs_give_the_same_frame() -> None:
     pd.testing.assert_frame_equal(first, second, check_exact=True)
 
 
-def synthetic_study() -> list[RunRecord]:
+def synthetic_study(documents: list[int] | None = None) -> list[RunRecord]:
     """nope, alibi (2 seeds each) and rope (with a `pi` scaling view), trained at 64, evaluated at 64 and
-    128 (tail beyond 64)."""
+    128 (tail beyond 64); with `documents`, each window's document."""
     rng = np.random.default_rng(2)
     difficulty = rng.normal(3.0, 0.5, size=len(STARTS))  # (W,)
     shifts = {"nope": 0.3, "alibi": 0.0, "rope": 0.02}
@@ -127,7 +129,7 @@ def synthetic_study() -> list[RunRecord]:
             keys = ["loss/64", "loss/128", "loss_tail/128"]
             windows = {k: v.tolist() for k, v in zip(keys, losses, strict=True)}
             metrics = {"ppl/128": 20.0, "ppl@pi/128": 19.0} if encoding == "rope" else {"ppl/128": 21.0}
-            runs.append(record(encoding, seed, windows, metrics=metrics))
+            runs.append(record(encoding, seed, windows, metrics=metrics, documents=documents))
     return runs
 
 
@@ -162,29 +164,36 @@ def test_a_reference_tuned_to_its_own_rate_is_its_encodings_only_row() -> None:
 
 
 def cells(found: pd.Series) -> str:
-    """The difference, interval and `excludes 0` cells of one comparison as the report writes them."""
-    return f"{found['difference']:+.3f} | [{found['low']:+.3f}, {found['high']:+.3f}] | " + (
-        "yes" if found["excludes_zero"] else "no"
+    """The difference, interval, `excludes 0`, p-values and verdict cells of one comparison as the report
+    writes them."""
+    excludes = ("yes" if found["excludes_zero"] else "no") + (" (unstable)" if found["unstable"] else "")
+    return (
+        f"{found['difference']:+.3f} | [{found['low']:+.3f}, {found['high']:+.3f}] | {excludes} | "
+        f"{found['p_seeds']:.3f} ({found['p_holm']:.3f}) | {found['verdict']}"
     )
 
 
 def test_the_report_shows_a_table_per_study_and_writes_the_csv(tmp_path: Path) -> None:
-    runs = synthetic_study()
+    runs = synthetic_study(DOCUMENTS)
     report = write_report(runs, tmp_path).read_text()
     lines = report.split(SECTION + "\n\n", 1)[1].splitlines()
-    assert lines[0] == (
-        "| encoding, swept values | vs | length | Δ loss | 95% interval | excludes 0 | Δ tail loss "
-        "| 95% interval | excludes 0 |"
+    assert lines[0] == "Resampled: 2 documents holding 4 windows, and the seeds of each row."
+    assert lines[2] == (
+        "| encoding, swept values | vs | length | seeds | Δ loss | 95% interval | excludes 0 "
+        "| p seeds (Holm) | verdict | Δ tail loss | 95% interval | excludes 0 | p seeds (Holm) | verdict |"
     )
     frame = paired_differences(group_rows(runs)).frame
-    assert f"| rope | alibi | 64 | {cells(line(frame, 'rope', 'alibi', 64))} | — | — | — |" in lines
+    none = "— | — | — | — | —"
+    assert f"| rope | alibi | 64 | 2 vs 2 | {cells(line(frame, 'rope', 'alibi', 64))} | {none} |" in lines
     long, tail = line(frame, "rope", "alibi", 128), line(frame, "rope", "alibi", 128, "loss_tail")
-    assert f"| rope | alibi | 128 | {cells(long)} | {cells(tail)} |" in lines
+    assert f"| rope | alibi | 128 | 2 vs 2 | {cells(long)} | {cells(tail)} |" in lines
     nope = next(text for text in lines if text.startswith("| nope | alibi | 64 |"))
-    assert nope.startswith("| nope | alibi | 64 | +0.") and nope.endswith("| yes | — | — | — |")  # shift 0.3
-    assert len([text for text in lines[2:] if text.startswith("|")]) == 8  # 4 pairs x 2 lengths
+    assert nope.startswith("| nope | alibi | 64 | 2 vs 2 | +0.")  # shift 0.3
+    assert nope.endswith("| yes | 0.333 (0.667) | suggestive | — | — | — | — | — |")  # 2 vs 2: p >= 1/3
+    assert len([text for text in lines[4:] if text.startswith("|")]) == 8  # 4 pairs x 2 lengths
     assert report.index("## Study `s`") < report.index(SECTION) < report.index("## Plots")
-    assert "paired bootstrap with 2,000 draws" in report
+    assert "hierarchical paired bootstrap" in report and "Holm's (1979) adjustment" in report
+    assert "resamples the windows alone" not in report
     written = pd.read_csv(tmp_path / "paired_differences.csv")
     assert list(written.columns) == list(frame.columns)
     assert written[["row", "reference", "length", "metric"]].values.tolist() == (
@@ -194,13 +203,15 @@ def test_the_report_shows_a_table_per_study_and_writes_the_csv(tmp_path: Path) -
 
 
 def test_a_report_read_back_from_runs_csv_gives_the_same_paired_differences(tmp_path: Path) -> None:
-    runs = synthetic_study()
+    runs = synthetic_study(DOCUMENTS)
     write_report(runs, tmp_path / "first")
     header = (tmp_path / "first" / "runs.csv").read_text().splitlines()[0].split(",")
-    assert header[-4:] == ["windows:loss/64", "windows:loss/128", "windows:loss_tail/128", "window_starts"]
+    windows = ["windows:loss/64", "windows:loss/128", "windows:loss_tail/128"]
+    assert header[-5:] == [*windows, "window_starts", "window_documents"]
     read_back = collect_runs([tmp_path / "first"])
     assert [r.windows for r in read_back] == [r.windows for r in runs]
     assert [r.window_starts for r in read_back] == [STARTS] * len(runs)
+    assert [r.window_documents for r in read_back] == [DOCUMENTS] * len(runs)
     assert not any(k.startswith("window") for r in read_back for k in r.metrics)
     pd.testing.assert_frame_equal(
         paired_differences(group_rows(read_back)).frame,
@@ -218,17 +229,23 @@ def test_a_run_directory_gives_its_windows_rounded_as_runs_csv_keeps_them(tmp_pa
     (run / "config.yaml").write_text(json.dumps({"experiment": "s", "seed": 0, "encoding": {"name": "nope"}}))
     (run / "results.json").write_text(json.dumps({"status": "finished", "encoding": "nope"}))
     losses = np.array([1.8658185, 1.7301248, 2.0], dtype=np.float32)
-    np.savez(
-        run / "perplexity_windows.npz", starts=np.array([0, 8, 16], dtype=np.int64), **{"loss/512": losses}
-    )
+    starts, documents = np.array([0, 8, 16], dtype=np.int64), np.array([3, 3, 4], dtype=np.int64)
+    np.savez(run / "perplexity_windows.npz", starts=starts, documents=documents, **{"loss/512": losses})
     loaded = load_run(run)
-    assert loaded.windows == {"loss/512": [1.865819, 1.730125, 2.0]}
-    assert loaded.window_starts == [0, 8, 16]
+    assert loaded.windows == {"loss/512": [1.865819, 1.730125, 2.0]}  # `documents` is no loss
+    assert (loaded.window_starts, loaded.window_documents) == ([0, 8, 16], [3, 3, 4])
     write_csv([loaded], tmp_path / "runs.csv")
     (back,) = load_csv(tmp_path / "runs.csv")
-    assert (back.windows, back.window_starts) == (loaded.windows, loaded.window_starts)
+    assert (back.windows, back.window_starts, back.window_documents) == (
+        loaded.windows,
+        loaded.window_starts,
+        loaded.window_documents,
+    )
+    np.savez(run / "perplexity_windows.npz", starts=starts, **{"loss/512": losses})  # before documents
+    assert (load_run(run).window_starts, load_run(run).window_documents) == ([0, 8, 16], [])
     (run / "perplexity_windows.npz").unlink()
-    assert (load_run(run).windows, load_run(run).window_starts) == ({}, [])
+    without = load_run(run)
+    assert (without.windows, without.window_starts, without.window_documents) == ({}, [], [])
 
 
 def test_rows_that_scored_different_windows_are_not_compared(tmp_path: Path) -> None:

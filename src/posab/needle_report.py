@@ -11,23 +11,26 @@ without a passkey stage (named on stderr) are left out.
 Writes needle.md (per row: needle accuracy, retrieval gain and attention mass at each length, the stage's
 key loss, probe accuracy and timing, and perplexity at each length measured before the stage; then the
 per-digit accuracy), needle_by_length.png (accuracy, gain and perplexity against length, mean over seeds
-with their range) and stage_curves.png (key loss and probe accuracy against stage step, one line per run).
+and each seed's value; a line of three panels per panel of rows, `posab.report.styles.facets`) and
+stage_curves.png (per row, its key loss and probe accuracy against stage step, one line per seed).
 The general report gives the heatmaps, runs.csv and configs of the same runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from posab.io import write_text
+from posab.keys import key_lengths, metric_key, needle_digits
 from posab.plots import new_figure, save_figure
 from posab.report.cli import collect_runs
 from posab.report.document import named_rows
@@ -35,10 +38,19 @@ from posab.report.grouping import Row, group_rows
 from posab.report.markdown import markdown_table, mean_std
 from posab.report.records import STAGE_KEY_LOSS, STAGE_LAST_START, STAGE_PROBES, ReportError
 from posab.report.stats import aggregate
-from posab.report.styles import line_styles
+from posab.report.styles import (
+    facet_title,
+    facets,
+    label_log_axis,
+    legend_entries,
+    legend_right,
+    length_axis,
+    line_styles,
+    seed_style,
+    shared_values,
+    wrap,
+)
 
-NEEDLE_LENGTH = re.compile(r"needle/acc@(\d+)")
-DIGIT = re.compile(r"needle/digit_acc@\d+/d(\d+)")
 STAGE_STEPS = "passkey_stage/steps"
 
 
@@ -56,20 +68,19 @@ def stage_rows(rows: Mapping[str, Row]) -> dict[str, Row]:
     return kept
 
 
-def _numbers_in_keys(rows: Mapping[str, Row], pattern: re.Pattern[str]) -> list[int]:
-    """The number in each metric key that matches `pattern` (its group 1), over every run, sorted, once."""
-    keys = {k for row in rows.values() for run in row.runs for k in run.metrics}
-    return sorted({int(m[1]) for k in keys if (m := pattern.fullmatch(k))})
+def _metric_keys(rows: Mapping[str, Row]) -> set[str]:
+    """Every metric key of every run of these rows, once (read with `posab.keys`)."""
+    return {k for row in rows.values() for run in row.runs for k in run.metrics}
 
 
 def needle_lengths(rows: Mapping[str, Row]) -> list[int]:
-    """Every length of the needle grid in these rows, sorted."""
-    return _numbers_in_keys(rows, NEEDLE_LENGTH)
+    """Every length of the needle grid in these rows (`needle/acc@L`), sorted."""
+    return key_lengths(_metric_keys(rows), "acc")
 
 
 def digit_count(rows: Mapping[str, Row]) -> int:
-    """Digits of the passkey: one more than the highest `needle/digit_acc@L/dK` any run has."""
-    return max(_numbers_in_keys(rows, DIGIT), default=-1) + 1
+    """Digits of the passkey: one more than the highest `needle/digit_acc[@L]/dK` any run has."""
+    return max(needle_digits(_metric_keys(rows)), default=-1) + 1
 
 
 def probe_range(row: Row) -> str:
@@ -85,10 +96,10 @@ def probe_range(row: Row) -> str:
 
 def table_rows(rows: Mapping[str, Row], lengths: Sequence[int]) -> list[list[str]]:
     """One line per row: (column key, format) cells as mean ± std over its seeds, the probe range inserted."""
-    columns = [(f"needle/acc@{n}", ".2f") for n in lengths] + [(f"needle/gain@{n}", ".1f") for n in lengths]
-    columns += [(f"needle/attn_mass@{n}", ".2f") for n in lengths]
+    shown = (("acc", ".2f"), ("gain", ".1f"), ("attn_mass", ".2f"))  # each at every length
+    columns = [(metric_key(metric, n), fmt) for metric, fmt in shown for n in lengths]
     stage = [("passkey_stage/needle_loss", ".3f"), ("passkey_stage/time_s", ".0f"), ("wall_time_s", ".0f")]
-    ppl = [(f"ppl/{n}", ".2f") for n in lengths]
+    ppl = [(metric_key("ppl", n), ".2f") for n in lengths]
     stats = aggregate(rows, [k for k, _ in (*columns, *stage, *ppl)])
 
     def cells(name: str, keys: Sequence[tuple[str, str]]) -> list[str]:
@@ -112,16 +123,10 @@ def table_rows(rows: Mapping[str, Row], lengths: Sequence[int]) -> list[list[str
 def digit_rows(rows: Mapping[str, Row], lengths: Sequence[int]) -> list[list[str]]:
     """Accuracy of each key digit (teacher-forced argmax) at each length, mean over seeds."""
     digits = range(digit_count(rows))
-    keys = [f"needle/digit_acc@{n}/d{d}" for n in lengths for d in digits]
-    means = aggregate(rows, keys, ("mean",))
+    by_length = [[metric_key("digit_acc", n, digit=d) for d in digits] for n in lengths]
+    means = aggregate(rows, [key for keys in by_length for key in keys], ("mean",))
     return [
-        [
-            name,
-            *(
-                " ".join(f"{means.loc[name][(f'needle/digit_acc@{n}/d{d}', 'mean')]:.2f}" for d in digits)
-                for n in lengths
-            ),
-        ]
+        [name, *(" ".join(f"{means.loc[name][(key, 'mean')]:.2f}" for key in keys) for keys in by_length)]
         for name in rows
     ]
 
@@ -174,60 +179,111 @@ def needle_markdown(rows: Mapping[str, Row]) -> str:
     return "\n".join(lines)
 
 
-def _length_panel(ax: Axes, rows: Mapping[str, Row], key: str, lengths: Sequence[int]) -> None:
-    """Mean over seeds of `key.format(L)` against L, one line per row, its seeds' range as a band."""
-    styles = line_styles(rows)
-    stats = aggregate(rows, [key.format(n) for n in lengths], ("mean", "min", "max"))
-    for name in rows:
-        line = stats.loc[name]
-        mean, low, high = ([line[(key.format(n), s)] for n in lengths] for s in ("mean", "min", "max"))
-        ax.plot(lengths, mean, marker="o", label=name, **styles[name])
-        ax.fill_between(lengths, low, high, color=styles[name]["color"], alpha=0.15, linewidth=0)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(lengths), [str(n) for n in lengths])
+BY_LENGTH_PANELS = (  # (metric, at each length `metric_key(metric, L)`; y label; panel title)
+    ("acc", "passkey accuracy", "Passkey accuracy (mean over depths)"),
+    ("gain", "retrieval gain (nats)", "Retrieval gain"),
+    ("ppl", "perplexity (log scale)", "Perplexity before the stage"),
+)
+BY_LENGTH_SIZE = (17.0, 3.8)  # inches: the figure's width, the height of each line of panels
+STAGE_PANEL = (3.9, 3.2)  # inches per panel of the stage curves
+STAGE_PAIRS = 2  # rows side by side in the stage curves (two panels each)
+SEED_MARK = {"linestyle": "none", "marker": "o", "markersize": 3.5, "fillstyle": "none", "alpha": 0.8}
+
+
+def _length_panel(ax: Axes, rows: Mapping[str, Row], metric: str, lengths: Sequence[int]) -> None:
+    """Mean over seeds of `metric` at each length L against L, one line per row, a circle per seed, its
+    legend entries as the panel's (`legend_entries`)."""
+    keys = [metric_key(metric, n) for n in lengths]
+    means = aggregate(rows, keys, ("mean",))
+    styles, entries = line_styles(rows), legend_entries(rows)
+    for name, row in rows.items():
+        ax.plot(lengths, [means.loc[name][(k, "mean")] for k in keys], marker="o", label=entries[name],
+                **styles[name])  # fmt: skip
+        for run in row.runs if len(row.runs) > 1 else []:
+            values = [run.metrics.get(k, np.nan) for k in keys]
+            ax.plot(lengths, values, color=styles[name]["color"], **SEED_MARK)
+    length_axis(ax, lengths)
     ax.set_xlabel("input length (tokens)")
 
 
-def plot_by_length(rows: Mapping[str, Row], path: Path) -> Path:
+def by_length_figure(rows: Mapping[str, Row]) -> Figure:
+    """Passkey accuracy, retrieval gain and perplexity against input length, a line of three panels per
+    facet of the rows (`facets`), each panel titled, the y axes shared down each column."""
     lengths = needle_lengths(rows)
-    fig = new_figure(15.0, 4.2)
-    axes = fig.subplots(1, 3, gridspec_kw={"wspace": 0.3})
-    panels = (
-        ("needle/acc@{}", "passkey accuracy"),
-        ("needle/gain@{}", "retrieval gain (nats)"),
-        ("ppl/{}", "perplexity (before the stage)"),
-    )
-    for ax, (key, label) in zip(axes, panels, strict=True):
-        _length_panel(ax, rows, key, lengths)
-        ax.set_ylabel(label)
-    axes[2].set_yscale("log")
-    for axis in (axes[2].yaxis.set_major_formatter, axes[2].yaxis.set_minor_formatter):
-        axis(ScalarFormatter())
-    axes[2].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
-    return save_figure(fig, path)
+    panels = facets(rows)
+    fig = new_figure(BY_LENGTH_SIZE[0], BY_LENGTH_SIZE[1] * len(panels), layout="constrained")
+    axes = fig.subplots(len(panels), len(BY_LENGTH_PANELS), squeeze=False, sharey="col")
+    for line, panel in zip(axes, panels, strict=True):
+        for ax, (metric, ylabel, title) in zip(line, BY_LENGTH_PANELS, strict=True):
+            _length_panel(ax, panel, metric, lengths)
+            ax.set_ylabel(ylabel)
+            ax.set_title(title if len(panels) == 1 else f"{title}\n{facet_title(panel, '', len(panels))}")
+        line[2].set_yscale("log")
+        legend_right(line[-1])
+    label_log_axis(axes[0, 2].yaxis)
+    shared = shared_values(rows) if len(panels) == 1 else []
+    note = f"; every row: {', '.join(shared)}" if shared else ""
+    fig.suptitle(f"Retrieval after the passkey stage by input length (line: mean over seeds; circles: each "
+                 f"seed){note}")  # fmt: skip
+    return fig
+
+
+def plot_by_length(rows: Mapping[str, Row], path: Path) -> Path:
+    """`by_length_figure` as a PNG at `path`."""
+    return save_figure(by_length_figure(rows), path)
+
+
+def stage_curves_figure(rows: Mapping[str, Row]) -> Figure:
+    """Per row, two panels: the stage's key loss and its probe accuracy against the stage step, a line
+    per seed (coloured by seed, the same in every panel), STAGE_PAIRS rows side by side."""
+    pairs = min(len(rows), STAGE_PAIRS)
+    lines = math.ceil(len(rows) / pairs)
+    fig = new_figure(2 * pairs * STAGE_PANEL[0] + 1.2, lines * STAGE_PANEL[1], layout="constrained")
+    grid = fig.add_gridspec(lines, 2 * pairs)
+    axes = []
+    for i, (name, row) in enumerate(rows.items()):
+        line, column = divmod(i, pairs)
+        loss_ax, probe_ax = (fig.add_subplot(grid[line, 2 * column + j]) for j in (0, 1))
+        _stage_pair(loss_ax, probe_ax, name, row)
+        axes.append((loss_ax, probe_ax))
+    for loss_ax, probe_ax in axes[1:]:
+        loss_ax.sharey(axes[0][0])
+        probe_ax.sharey(axes[0][1])
+    label_log_axis(axes[0][0].yaxis)
+    handles = [Line2D([], [], label=f"seed {s}", **seed_style(s)) for s in _seeds(rows)]
+    handles.append(Line2D([], [], color="k", linestyle="--", label="chance (ln 10)"))
+    fig.legend(handles=handles, loc="outside right upper", fontsize="small")
+    fig.suptitle("The passkey stage per row: key loss and probe accuracy, a line per seed")
+    return fig
+
+
+def _seeds(rows: Mapping[str, Row]) -> list[int]:
+    """Every seed of the rows' runs, sorted (a run without one counts as 0)."""
+    return sorted({run.seed or 0 for row in rows.values() for run in row.runs})
+
+
+def _stage_pair(loss_ax: Axes, probe_ax: Axes, name: str, row: Row) -> None:
+    """One row's key loss (log scale, chance dashed) and probe accuracy, a line per seed, both titled."""
+    for run in row.runs:
+        style = seed_style(run.seed or 0)
+        if points := run.stage_curves.get(STAGE_KEY_LOSS):
+            loss_ax.plot(*zip(*points, strict=True), linewidth=1, **style)
+        if points := run.stage_curves.get(STAGE_PROBES):
+            probe_ax.plot(*zip(*points, strict=True), marker=".", linewidth=1, **style)
+    loss_ax.axhline(np.log(10), color="k", linestyle="--", linewidth=1)
+    loss_ax.set_yscale("log")
+    loss_ax.set_xlabel("step (< 0: language-model training)")
+    loss_ax.set_ylabel("key loss (nats per digit)")
+    probe_ax.set_xlabel("stage step")
+    probe_ax.set_ylabel("probe accuracy")
+    probe_ax.set_ylim(-0.03, 1.03)
+    for ax, what in ((loss_ax, "key loss"), (probe_ax, "probe accuracy at the last length")):
+        ax.set_title(f"{wrap(name, 44)}\n{what}", fontsize="medium")
 
 
 def plot_stage_curves(rows: Mapping[str, Row], path: Path) -> Path:
-    fig = new_figure(13.0, 4.2)
-    loss_ax, probe_ax = fig.subplots(1, 2)
-    styles = line_styles(rows)
-    for name, row in rows.items():
-        for i, run in enumerate(row.runs):
-            label = name if i == 0 else None  # one legend entry per row, every seed drawn
-            if points := run.stage_curves.get(STAGE_KEY_LOSS):
-                loss_ax.plot(*zip(*points, strict=True), label=label, **styles[name])
-            if points := run.stage_curves.get(STAGE_PROBES):
-                probe_ax.plot(*zip(*points, strict=True), marker=".", label=label, **styles[name])
-    loss_ax.axhline(np.log(10), color="k", linestyle="--", label="chance (ln 10)")
-    loss_ax.set_yscale("log")
-    loss_ax.set_xlabel("stage step")
-    loss_ax.set_ylabel("key loss (nats per digit)")
-    probe_ax.set_xlabel("stage step")
-    probe_ax.set_ylabel("probe accuracy at the last curriculum length")
-    probe_ax.set_ylim(-0.03, 1.03)
-    handles, labels = loss_ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
-    return save_figure(fig, path)
+    """`stage_curves_figure` as a PNG at `path`."""
+    return save_figure(stage_curves_figure(rows), path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

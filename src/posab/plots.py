@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
 
 from posab.io import atomic_write
 
@@ -37,20 +39,27 @@ def needle_heatmap(grid: dict[str, Any], title: str) -> Figure:
     """Passkey accuracy per cell: depth on the y axis, length on the x axis, colour scale 0..1.
 
     grid: {"lengths", "depths", "acc"}, acc as [per length][per depth]."""
+    fig = new_figure(2.0 + 0.9 * len(grid["lengths"]), 1.5 + 0.5 * len(grid["depths"]))
+    ax = fig.add_subplot()
+    fig.colorbar(needle_panel(ax, grid, title), ax=ax, label="passkey accuracy")
+    return fig
+
+
+def needle_panel(ax: Axes, grid: dict[str, Any], title: str) -> AxesImage:
+    """One needle heatmap (as `needle_heatmap`) drawn into `ax`, each cell's accuracy written in it (NaN:
+    "–"); returns the image, for a colour bar."""
     lengths, depths = grid["lengths"], grid["depths"]
     acc = np.asarray(grid["acc"], dtype=np.float64).T  # (lengths, depths) -> (depths, lengths)
-    fig = new_figure(2.0 + 0.9 * len(lengths), 1.5 + 0.5 * len(depths))
-    ax = fig.add_subplot()
     image = ax.imshow(acc, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
     for (row, col), value in np.ndenumerate(acc):
-        ax.text(col, row, f"{value:.2f}", ha="center", va="center", color="white" if value < 0.5 else "black")
+        text = "–" if np.isnan(value) else f"{value:.2f}"
+        ax.text(col, row, text, ha="center", va="center", color="white" if value < 0.5 else "black")
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
     ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
     ax.set_xlabel("length (tokens)")
     ax.set_ylabel("needle depth")
     ax.set_title(title)
-    fig.colorbar(image, ax=ax, label="passkey accuracy")
-    return fig
+    return image
 
 
 def attention_plot(grid: dict[str, Any], title: str) -> Figure:

@@ -9,18 +9,21 @@ holds `runs.csv`; the report is then rendered again from that CSV). Only local f
 Rows: runs are grouped by study (`logger.group` when set, else `experiment`), then by encoding and by
 every other swept value (`grouping`). Every metric is the mean ± sample std (ddof=1) over the seeds of a
 row (`stats`). Plots draw one line (or heatmap) per row, named by its label, prefixed by the study when
-the report covers several studies; a colour per encoding, a line style per variant (`styles`).
+the report covers several studies; panels of whole encodings, a colour per row of a panel (`styles`).
 
 Modules, in the order data flows through them:
 
 - `records`: RunRecord, ReportError, the CSV column names
 - `rundirs`: finding and reading run directories (results.json, config.yaml, metrics.jsonl)
 - `runs_csv`: runs.csv written and read back
-- `scaling`, `grouping`: RoPE scaling views; rows by study, encoding and swept values
-- `stats`: mean, std and bands over the seeds of a row
+- `scaling`, `grouping`: RoPE scaling views; rows by study, encoding, swept values and precision
+- `stats`, `resampling`: mean, std and bands over the seeds of a row; the paired differences with their
+  hierarchical bootstrap, permutation test on the seeds, Holm's correction and verdicts
+- `flat`: extrapolation as a count, flat in k of n runs with a Wilson interval
 - `columns`, `markdown`: the metric catalog (each evaluator's columns) and the Markdown tables
 - `styles`, `figures`, `curves`: line styles; evaluation figures; training curves
 - `document`, `cli`: report.md and the report folder; the command line
+- `window_documents`: each window's document added to a report folder's runs.csv (its own script)
 """
 
 from posab.report.cli import main

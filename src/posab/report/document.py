@@ -1,6 +1,6 @@
-"""The report folder: report.md (provenance, one table per study and its paired differences, the plots,
-failed runs, the files), runs.csv, paired_differences.csv, the PNGs and configs/ (a copy of each run's
-config)."""
+"""The report folder: report.md (provenance, one table per study, its flat counts and its paired
+differences, the plots, failed runs, the files), runs.csv, paired_differences.csv, the PNGs and configs/ (a
+copy of each run's config)."""
 
 from __future__ import annotations
 
@@ -14,49 +14,73 @@ import pandas as pd
 
 from posab.report.curves import plot_training_curves, trained_rows
 from posab.report.figures import plot_needle, plot_position_loss, plot_ppl_vs_length, plot_shift
+from posab.report.flat import flat_section
 from posab.report.grouping import Row, group_rows
 from posab.report.markdown import MISSING, markdown_table, study_table
 from posab.report.records import (
     VAL_CURVE_COLUMN,
+    WINDOW_DOCUMENTS_COLUMN,
     WINDOW_STARTS_COLUMN,
     WINDOWS_FILE,
     WINDOWS_PREFIX,
     ReportError,
     RunRecord,
 )
+from posab.report.resampling import BATCH, EXACT_SPLITS, MAX_DRAWS, MC_BOUND, PERMUTATIONS
 from posab.report.rundirs import join_nonempty
 from posab.report.runs_csv import write_csv
 from posab.report.stats import (
-    DRAWS,
+    ALPHA,
+    INDISTINGUISHABLE,
+    ORDERED,
     PAIRED_REFERENCES,
+    SUGGESTIVE,
     PairedDifferences,
     paired_differences,
     reference_rows,
 )
 
 PAIRED_CSV = "paired_differences.csv"
+PER_METRIC = ("95% interval", "excludes 0", "p seeds (Holm)", "verdict")  # after each metric's Δ
 PAIRED_HEADER = (
     "encoding, swept values",
     "vs",
     "length",
+    "seeds",
     "Δ loss",
-    "95% interval",
-    "excludes 0",
+    *PER_METRIC,
     "Δ tail loss",
-    "95% interval",
-    "excludes 0",
+    *PER_METRIC,
 )
 PAIRED_LEGEND = (
     f"Δ loss: the row's mean per-window loss (`loss/L` of `{WINDOWS_FILE}`, over its seeds and the "
     "evaluation windows) minus the reference's, nats per token; negative = lower loss than the reference",
     "Δ tail loss: the same for the loss on the positions past the training length (`loss_tail/L`); "
     f"{MISSING} at the training length and below",
-    f"95% interval: 2.5th and 97.5th percentiles of a paired bootstrap with {DRAWS:,} draws; each draw "
-    "resamples the windows with replacement, the same windows for the row and its reference (every run "
-    "scored the same windows: the pairing), and each row's seeds with replacement, independently per row (a "
-    "row of one seed adds no seed-to-seed variation)",
-    "excludes 0: yes when the interval lies wholly above 0 or wholly below 0, no when it contains 0",
-    f"`{PAIRED_CSV}`: every comparison, with the seeds of each row and the number of windows",
+    "seeds: the row's finished runs vs the reference's",
+    "95% interval: 2.5th and 97.5th percentiles of a hierarchical paired bootstrap (Efron & Tibshirani "
+    "1993; Davison & Hinkley 1997, §3.8). Each draw resamples with replacement (1) the documents of the "
+    f"evaluation text (`{WINDOW_DOCUMENTS_COLUMN}`: the document holding most of each window's targets), as "
+    "many as there are; (2) within each drawn document, as many of its windows as it holds, the same "
+    "documents and windows for the row and its reference (every run scored the same windows: the pairing); "
+    "(3) each row's seeds, independently per row (a row of one seed adds no seed-to-seed variation). Its "
+    "value is the mean over the drawn windows of the row's drawn-seed mean minus the reference's. Draws are "
+    f"added {BATCH:,} at a time until the Monte Carlo error of both ends is below {MC_BOUND} nats, or "
+    f"{MAX_DRAWS:,} draws are made; an end's Monte Carlo error is half the width of the order-statistic "
+    "95% confidence interval of its percentile",
+    "excludes 0: yes when the interval lies wholly above 0 or wholly below 0, no when it contains 0; "
+    "`(unstable)` when 0 lies within an end ± its Monte Carlo error, so that more draws could change it",
+    "p seeds (Holm): an exact two-sided permutation test (Good 2005) on the per-seed means (each run's mean "
+    "loss over the windows): twice the smaller one-sided p, each the share of the C(a + b, a) splits of the "
+    "a + b runs into groups of a and b whose difference of means is at least (at most) the observed one "
+    f"(above {EXACT_SPLITS} runs: {PERMUTATIONS:,} random splits, Monte Carlo error <= 0.003 at p = 0.05). "
+    "In parentheses, Holm's (1979) adjustment over the family of comparisons with the same reference, in the "
+    "same metric, at the same length (every row of the study compared with it). Fully separated seeds give "
+    "the smallest p there is: 2 / C(a + b, a), 0.1 at 3 vs 3, 0.2 at 2 vs 3, 1/3 at 2 vs 2, 1 at 1 vs 1",
+    f"verdict: `{ORDERED}` when the interval excludes 0 (and is not unstable) and the Holm-adjusted p < "
+    f"{ALPHA}; `{SUGGESTIVE}` when one of the two holds; `{INDISTINGUISHABLE}` when neither does",
+    f"`{PAIRED_CSV}`: every comparison, with the seeds of each row, the numbers of windows and documents, "
+    "the draws, the Monte Carlo error of each end, both p-values and the verdict",
 )
 
 Plot = tuple[str, Callable[[Path], Path | None], str]  # (file name, draw into a path, why it may be skipped)
@@ -115,8 +139,12 @@ def copy_configs(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
 
 
 def _counted(values: Iterable[str]) -> str:
-    counts = Counter(v for v in values if v)
-    return "; ".join(f"`{v}` ({n} runs)" for v, n in counts.items()) or "unknown"
+    """Each value and its number of runs, then the runs without one; "unknown" when none has one."""
+    given = list(values)
+    counts = Counter(v for v in given if v)
+    unknown = len(given) - sum(counts.values())
+    parts = [f"`{v}` ({n} runs)" for v, n in counts.items()]
+    return "; ".join([*parts, *([f"unknown ({unknown} runs)"] if parts and unknown else [])]) or "unknown"
 
 
 def wall_time_line(runs: Sequence[RunRecord]) -> str:
@@ -138,19 +166,43 @@ def _provenance(runs: Sequence[RunRecord], failed: int) -> list[str]:
         f"{len(runs)} runs: {len(runs) - failed} finished, {failed} failed or unfinished.",
         "",
         f"- Git commit(s): {_counted(r.info['git_commit'] for r in runs)}",
+        *_code_lines(runs),
         f"- Machine(s): {_counted(r.info['machine'] for r in runs)}",
         f"- Device, precision: {_counted(devices)}",
+        f"- CPU capability (torch's kernels): {_counted(r.info.get('cpu_capability', '') for r in runs)}",
+        f"- Package versions: {_counted(r.info.get('versions', '') for r in runs)}",
         f"- Wall time: {wall_time_line(runs)}",
         "",
     ]
 
 
+def _code_lines(runs: Sequence[RunRecord]) -> list[str]:
+    """Uncommitted changes (at the end and at the start), the commit each run started with and its resume
+    step; unknown for runs that predate these records (or ran without git)."""
+    dirty = {"true": "yes", "false": "no"}
+    resumed = {"null": "not resumed"}
+
+    def values(key: str, names: dict[str, str]) -> list[str]:
+        """The runs' cells of `key` as `names` names them; "" (unknown) for an empty or null cell."""
+        cells = [r.info.get(key, "") for r in runs]
+        return [names.get(c, "" if c in ("", "null") else c) for c in cells]
+
+    return [
+        f"- Uncommitted changes: {_counted(values('git_dirty', dirty))}",
+        f"- Git commit(s) at the start: {_counted(r.info.get('git_commit_start', '') for r in runs)}",
+        f"- Uncommitted changes at the start: {_counted(values('git_dirty_start', dirty))}",
+        f"- Resumed from step: {_counted(values('resumed_from_step', resumed))}",
+    ]
+
+
 def _paired_cells(line: pd.Series | None) -> list[str]:
-    """Difference, interval and `excludes 0` of one comparison, signed with 3 decimals; MISSING for none."""
+    """Difference, interval, `excludes 0`, p-values and verdict of one comparison; MISSING for none."""
     if line is None:
-        return [MISSING] * 3
+        return [MISSING] * 5
     interval = f"[{line['low']:+.3f}, {line['high']:+.3f}]"
-    return [f"{line['difference']:+.3f}", interval, "yes" if line["excludes_zero"] else "no"]
+    excludes = ("yes" if line["excludes_zero"] else "no") + (" (unstable)" if line["unstable"] else "")
+    p_values = f"{line['p_seeds']:.3f} ({line['p_holm']:.3f})"
+    return [f"{line['difference']:+.3f}", interval, excludes, p_values, str(line["verdict"])]
 
 
 def paired_table(frame: pd.DataFrame) -> list[str]:
@@ -160,7 +212,9 @@ def paired_table(frame: pd.DataFrame) -> list[str]:
     for (row, reference, length), group in frame.groupby(["row", "reference", "length"], sort=False):
         by_metric = {line["metric"]: line for _, line in group.iterrows()}
         loss, tail = (_paired_cells(by_metric.get(metric)) for metric in ("loss", "loss_tail"))
-        body.append([row, reference, str(length), *loss, *tail])
+        first = group.iloc[0]
+        seeds = f"{first['seeds_row']} vs {first['seeds_reference']}"
+        body.append([row, reference, str(length), seeds, *loss, *tail])
     return markdown_table(PAIRED_HEADER, body)
 
 
@@ -173,7 +227,8 @@ def _reference_legend(references: Sequence[str]) -> str:
 
 
 def _paired_section(study: str, paired: PairedDifferences, references: Sequence[str]) -> list[str]:
-    """The paired differences of one study, its legend and the comparisons not made; none without either."""
+    """The paired differences of one study, what they resample, their legend and the comparisons not made;
+    none without either."""
     frame = paired.frame[paired.frame["study"] == study]
     notes = paired.notes.get(study, [])
     if frame.empty and not notes:
@@ -181,10 +236,35 @@ def _paired_section(study: str, paired: PairedDifferences, references: Sequence[
     lines = [f"### Paired differences (study {study})", ""]
     if not frame.empty:
         legend = [_reference_legend(references), *PAIRED_LEGEND]
+        lines += [*_resampled(frame, paired.windows_only.get(study, [])), ""]
         lines += [*paired_table(frame), "", "Legend:", "", *(f"- {item}" for item in legend), ""]
     if notes:
         lines += ["Not compared:", "", *(f"- {note}" for note in notes), ""]
     return lines
+
+
+def _resampled(frame: pd.DataFrame, windows_only: Sequence[str]) -> list[str]:
+    """What the intervals of one study resample: its documents and windows, or the windows alone where the
+    runs do not record each window's document."""
+    with_documents = frame.dropna(subset=["documents"]).drop_duplicates(["documents", "windows"])
+    units = [
+        f"{int(d)} documents holding {w} windows" for d, w in with_documents[["documents", "windows"]].values
+    ]
+    lines = [f"Resampled: {'; '.join(units)}, and the seeds of each row."] if units else []
+    if not windows_only:
+        return lines
+    missing = (
+        f"The runs of {'; '.join(windows_only)} do not all record each window's document"
+        if units
+        else "No run of this study records each window's document"
+    )
+    return [
+        *lines,
+        f"{missing} (`{WINDOW_DOCUMENTS_COLUMN}`; `scripts/window_documents.py` adds it to a report folder): "
+        f"{'their' if units else 'every'} interval resamples the windows alone (each as its own document) "
+        "and the seeds. It takes the windows as independent, so where documents differ in effect it is too "
+        "narrow.",
+    ]
 
 
 def _check_references(table: Mapping[str, Sequence[Row]], references: Sequence[str]) -> None:
@@ -217,12 +297,13 @@ def _files_section(runs: Sequence[RunRecord], missing_configs: Sequence[str], ha
     )
     windows = (
         f" `{WINDOWS_PREFIX}KEY` columns hold each run's per-window losses (KEY as in `{WINDOWS_FILE}`: "
-        f"`loss/L`, `loss_tail/L`, ...) and `{WINDOW_STARTS_COLUMN}` the windows' start offsets, as JSON "
-        "lists."
+        f"`loss/L`, `loss_tail/L`, ...), `{WINDOW_STARTS_COLUMN}` the windows' start offsets and "
+        f"`{WINDOW_DOCUMENTS_COLUMN}` their documents (where recorded), as JSON lists."
     )
     paired = (
         f"- `{PAIRED_CSV}`: one line per paired difference (study, row, reference, length, metric) with its "
-        "interval, the seeds of each row and the number of windows."
+        "interval and its draws, the seed-level p-values, the verdict, the seeds of each row and the numbers "
+        "of windows and documents."
     )
     return [
         "",
@@ -250,7 +331,7 @@ def write_report(
     lines = _provenance(runs, len(failed))
     paired = paired_differences(table, references)
     for study, rows in table.items():
-        section = _paired_section(study, paired, references)
+        section = [*flat_section(study, rows), *_paired_section(study, paired, references)]
         lines += [f"## Study `{study}`", "", *study_table(rows), "", *section]
     if table:
         lines += ["## Plots", "", *write_plots(table, out_dir)]

@@ -1,38 +1,54 @@
 """Figures of the evaluations: perplexity against length, loss by position, shift, one needle heatmap per
-row. Each takes the rows by the name its legend shows and returns the PNG's path, or None when no run has
-the results it draws."""
+row. Each `*_figure` takes the rows by the name its legend shows and returns the Figure, or None when no
+run has the results it draws; each `plot_*` writes it as a PNG and returns its path (or None).
+
+Figures of many rows are split into panels of whole encodings (`styles.facets`), each with its legend; the
+shift figure is a table of values, so that rows at 0 or equal to each other stay visible; a needle heatmap
+draws each seed beside the mean when the seeds disagree."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.axes import Axes
-from matplotlib.ticker import FormatStrFormatter, NullFormatter
+from matplotlib.colors import LogNorm, Normalize
+from matplotlib.figure import Figure
 
-from posab.plots import needle_heatmap, save_figure
+from posab.keys import key_lengths, metric_key, needle_cells, shift_sizes
+from posab.plots import needle_panel, new_figure
 from posab.report.grouping import Row
 from posab.report.records import SEQ_LEN_KEY, SERIES_PREFIX, RunRecord
-from posab.report.stats import BAND_STATISTICS, aggregate
-from posab.report.styles import line_styles, report_figure, save_with_legend
+from posab.report.stats import aggregate
+from posab.report.styles import (
+    encoding_colours,
+    facet_title,
+    facets,
+    label_log_axis,
+    legend_entries,
+    legend_right,
+    length_axis,
+    line_styles,
+    panel_grid,
+    save,
+    wrap,
+)
 from posab.results import bin_centres
 
 MARKED = {"marker": "o", "markersize": 4}  # lines through a few evaluated points
-NEEDLE_CELL = re.compile(r"needle/acc@(\d+)/depth(.+)")
 
 
 def _runs(rows: Mapping[str, Row]) -> list[RunRecord]:
     return [r for row in rows.values() for r in row.runs]
 
 
-def _keys_matching(runs: Iterable[RunRecord], pattern: str) -> list[int]:
-    """The integer captured by `pattern` in any metric key of these runs, sorted."""
-    regex = re.compile(pattern)
-    return sorted({int(m.group(1)) for r in runs for k in r.metrics if (m := regex.fullmatch(k))})
+def _metric_keys(runs: Iterable[RunRecord]) -> set[str]:
+    """Every metric key of these runs, once (read with `posab.keys`)."""
+    return {k for r in runs for k in r.metrics}
 
 
 def _means(rows: Mapping[str, Row], keys: list[str]) -> pd.DataFrame:
@@ -40,108 +56,292 @@ def _means(rows: Mapping[str, Row], keys: list[str]) -> pd.DataFrame:
     return aggregate(rows, keys, ("mean",)).droplevel(1, axis=1)
 
 
-def _train_lengths(ax: Axes, rows: Mapping[str, Row]) -> None:
-    """A vertical dashed line at each training length (`train.seq_len`) of the rows."""
-    lengths = {int(r.config[SEQ_LEN_KEY]) for r in _runs(rows) if SEQ_LEN_KEY in r.config}
-    for n in sorted(lengths):
-        ax.axvline(n, color="grey", linestyle="--", linewidth=1, label=f"training length {n}")
+SEED_MARK = {"linestyle": "none", "marker": "o", "markersize": 3.5, "fillstyle": "none", "alpha": 0.8}
+PPL_TITLE = "Perplexity vs evaluation length (line: mean over seeds; circles: each seed)"
+ROW_HEIGHT = (0.12, 0.15)  # inches per row of a dot chart or table: a margin, and per line of its name
+ROW_LABEL_WRAP = 75  # characters per line of a row's name on a y axis
+CHAR_WIDTH = 0.055  # inches per character of a y tick label ("small" font), to size the figure around it
 
 
-def plot_ppl_vs_length(rows: Mapping[str, Row], path: Path) -> Path | None:
-    """Perplexity against evaluation length: mean over seeds, band = min..max over seeds."""
-    lengths = _keys_matching(_runs(rows), r"ppl/(\d+)")
+def _train_lengths(ax: Axes, rows: Mapping[str, Row]) -> str:
+    """A vertical dashed line at each training length (`train.seq_len`) of the rows; what it is, for the
+    x label ("" for none)."""
+    lengths = sorted({int(r.config[SEQ_LEN_KEY]) for r in _runs(rows) if SEQ_LEN_KEY in r.config})
+    for n in lengths:
+        ax.axvline(n, color="grey", linestyle="--", linewidth=1)
+    return f"; dashed: training length {', '.join(map(str, lengths))}" if lengths else ""
+
+
+def _seed_values(row: Row, keys: Sequence[str]) -> list[list[float]]:
+    """Each run's value of each key, NaN where it has none."""
+    return [[run.metrics.get(k, math.nan) for k in keys] for run in row.runs]
+
+
+def _row_labels(ax: Axes, rows: Mapping[str, Row]) -> None:
+    """One y tick per row, named, top to bottom in the rows' order."""
+    ax.set_yticks(range(len(rows)), [wrap(name, ROW_LABEL_WRAP) for name in rows], fontsize="small")
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_ylabel("row")
+
+
+def _label_width(rows: Mapping[str, Row]) -> float:
+    """Inches the rows' wrapped names take as y tick labels."""
+    return CHAR_WIDTH * min(ROW_LABEL_WRAP, max(len(name) for name in rows))
+
+
+def _rows_height(rows: Mapping[str, Row]) -> float:
+    """Inches the rows take, one above the other, each as high as the longest wrapped name needs."""
+    lines = max(wrap(name, ROW_LABEL_WRAP).count("\n") + 1 for name in rows)
+    return len(rows) * (ROW_HEIGHT[0] + ROW_HEIGHT[1] * lines)
+
+
+def ppl_vs_length_figure(rows: Mapping[str, Row]) -> Figure | None:
+    """Perplexity against evaluation length: a line through the mean over seeds and a circle per seed,
+    panels as `facets`; a dot chart when only one length was evaluated."""
+    lengths = key_lengths(_metric_keys(_runs(rows)), "ppl")
     if not lengths:
         return None
-    keys = [f"ppl/{n}" for n in lengths]
-    band = aggregate(rows, keys, BAND_STATISTICS)
-    styles = line_styles(rows)
-    fig, (ax,) = report_figure()
-    for name in rows:
-        row_band = band.loc[name].unstack().reindex(keys).dropna(subset=["mean"])
-        x = [int(key.removeprefix("ppl/")) for key in row_band.index]
-        ax.plot(x, row_band["mean"], label=name, **MARKED, **styles[name])
-        ax.fill_between(x, row_band["min"], row_band["max"], alpha=0.2, color=styles[name]["color"])
-    _train_lengths(ax, rows)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(lengths, [str(n) for n in lengths])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
-    ax.set_xlabel("evaluation length L (tokens, log2 scale)")
-    ax.set_ylabel("perplexity (log scale)")
-    ax.set_title("Perplexity vs evaluation length (mean over seeds, band: min..max)")
-    return save_with_legend(fig, path, ax)
+    if len(lengths) == 1:
+        return _ppl_at_one_length(rows, lengths[0])
+    panels = facets(rows)
+    fig, axes = panel_grid(len(panels))
+    for ax, panel in zip(axes, panels, strict=True):
+        _ppl_panel(ax, panel, lengths)
+        ax.set_title(facet_title(panel, PPL_TITLE, len(panels)))
+    label_log_axis(axes[0].yaxis)
+    if len(panels) > 1:
+        fig.suptitle(PPL_TITLE)
+    return fig
 
 
-def plot_position_loss(rows: Mapping[str, Row], path: Path) -> Path | None:
-    """Per-position loss at each row's longest evaluated length, mean over seeds."""
-    if not any(r.series for r in _runs(rows)):
-        return None
-    styles = line_styles(rows)
-    fig, (ax,) = report_figure()
+def _ppl_panel(ax: Axes, rows: Mapping[str, Row], lengths: Sequence[int]) -> None:
+    """One panel of `ppl_vs_length_figure`: a line per row, its seeds' values as circles, its legend."""
+    keys = [metric_key("ppl", n) for n in lengths]
+    means = _means(rows, keys)
+    styles, entries = line_styles(rows), legend_entries(rows)
     for name, row in rows.items():
-        lengths = sorted({int(k.removeprefix(SERIES_PREFIX)) for r in row.runs for k in r.series})
-        if not lengths:
-            continue
-        key = f"{SERIES_PREFIX}{lengths[-1]}"
-        mean = np.mean(np.asarray([r.series[key] for r in row.runs if key in r.series]), axis=0)
-        ax.plot(bin_centres(lengths[-1], len(mean)), mean, label=f"{name} (L={lengths[-1]})", **styles[name])
-    _train_lengths(ax, rows)
-    ax.set_xlabel("position in the window (tokens, bin centres)")
-    ax.set_ylabel("mean loss (nats/token)")
-    ax.set_title("Loss by position at the longest evaluated length (mean over seeds)")
-    return save_with_legend(fig, path, ax)
+        mean = means.loc[name].to_numpy(dtype=float)
+        has = ~np.isnan(mean)
+        ax.plot(np.asarray(lengths)[has], mean[has], label=entries[name], **MARKED, **styles[name])
+        for values in _seed_values(row, keys) if len(row.runs) > 1 else []:
+            ax.plot(lengths, values, color=styles[name]["color"], **SEED_MARK)
+    note = _train_lengths(ax, rows)
+    ax.set_yscale("log")
+    length_axis(ax, lengths)
+    ax.set_xlabel(f"evaluation length L (tokens{note})")
+    ax.set_ylabel("perplexity (log scale)")
+    legend_right(ax)
 
 
-def plot_needle(name: str, row: Row, path: Path) -> Path | None:
-    """Passkey accuracy heatmap (depth × length), mean over seeds, from the per-cell scalars."""
-    cells = {(int(m[1]), m[2]) for r in row.runs for k in r.metrics if (m := NEEDLE_CELL.fullmatch(k))}
+def _ppl_at_one_length(rows: Mapping[str, Row], length: int) -> Figure:
+    """Perplexity at the one evaluated length, a line per row: a dot at the mean over seeds, a bar per
+    seed, in the encoding's colour."""
+    key = metric_key("ppl", length)
+    means = _means(rows, [key])[key]
+    colours = encoding_colours(row.encoding for row in rows.values())
+    fig = new_figure(6.0 + _label_width(rows), 1.5 + _rows_height(rows), layout="constrained")
+    ax = fig.add_subplot()
+    for i, (name, row) in enumerate(rows.items()):
+        seeds = [values[0] for values in _seed_values(row, [key])]
+        style = {"color": colours[row.encoding], "linestyle": "none"}
+        ax.plot(seeds, [i] * len(seeds), marker="|", markersize=10, **style)
+        ax.plot([means[name]], [i], marker="o", **style)
+    _row_labels(ax, rows)
+    ax.grid(axis="y", color="0.9")
+    ax.set_xscale("log")
+    label_log_axis(ax.xaxis)
+    ax.set_xlabel(f"perplexity at L = {length} (log scale)")
+    title = f"Perplexity at the one evaluated length, L = {length} (dot: mean over seeds; bar: each seed)"
+    ax.set_title(wrap(title, 70))
+    return fig
+
+
+def _longest_series(row: Row) -> tuple[int, np.ndarray] | None:
+    """The row's longest evaluated length with a loss-by-position series and its mean over the seeds;
+    None for none, and for a RoPE scaling view without one past the training length (up to it, the
+    view's series are the unscaled model's)."""
+    lengths = sorted({int(k.removeprefix(SERIES_PREFIX)) for r in row.runs for k in r.series})
+    trained = [int(r.config[SEQ_LEN_KEY]) for r in row.runs if SEQ_LEN_KEY in r.config]
+    if not lengths or (row.scaling and lengths[-1] <= max(trained, default=0)):
+        return None
+    key = f"{SERIES_PREFIX}{lengths[-1]}"
+    return lengths[-1], np.mean(np.asarray([r.series[key] for r in row.runs if key in r.series]), axis=0)
+
+
+def position_loss_figure(rows: Mapping[str, Row]) -> Figure | None:
+    """Per-position loss at each row's longest evaluated length, mean over seeds, panels as `facets`."""
+    curves = {name: curve for name, row in rows.items() if (curve := _longest_series(row)) is not None}
+    if not curves:
+        return None
+    lengths = sorted({n for n, _ in curves.values()})
+    at = f", L = {lengths[0]}" if len(lengths) == 1 else ""
+    title = f"Loss by position at the longest length{at} (mean over seeds)"
+    panels = facets({name: rows[name] for name in curves})
+    fig, axes = panel_grid(len(panels))
+    for ax, panel in zip(axes, panels, strict=True):
+        styles, entries = line_styles(panel), legend_entries(panel)
+        for name in panel:
+            n, mean = curves[name]
+            label = entries[name] if at else f"{entries[name]} (L={n})"
+            ax.plot(bin_centres(n, len(mean)), mean, label=label, **styles[name])
+        note = _train_lengths(ax, panel)
+        ax.set_xlabel(f"position in the window (tokens, bin centres{note})")
+        ax.set_ylabel("mean loss (nats/token)")
+        ax.set_title(facet_title(panel, title, len(panels)))
+        legend_right(ax)
+    if len(panels) > 1:
+        fig.suptitle(title)
+    return fig
+
+
+NEEDLE_SPREAD = 0.5  # a row's seeds disagree when one cell's accuracies span this much: each seed is drawn
+STAGE_FINAL_LOSS = "passkey_stage/needle_loss"  # the stage's final key loss, nats per digit (chance: ln 10)
+
+
+def needle_figure(name: str, row: Row) -> Figure | None:
+    """Passkey accuracy heatmap (depth × length) from the per-cell scalars: the mean over seeds, and each
+    seed beside it (with its stage's final key loss) when the seeds disagree (`NEEDLE_SPREAD`)."""
+    cells = needle_cells(_metric_keys(row.runs))
     if not cells:
         return None
     lengths = sorted({n for n, _ in cells})
-    depths = sorted({d for _, d in cells}, key=float)
-    keys = [f"needle/acc@{n}/depth{d}" for n in lengths for d in depths]
-    acc = _means({name: row}, keys).loc[name].to_numpy().reshape(len(lengths), len(depths))
-    grid = {"lengths": lengths, "depths": [float(d) for d in depths], "acc": acc}
-    title = f"Passkey accuracy: {name} (mean over {len(row.runs)} seeds)"
-    return save_figure(needle_heatmap(grid, title), path)
+    depths = sorted({d for _, d in cells})
+    keys = [metric_key("acc", n, depth=d) for n in lengths for d in depths]
+    shape = (len(lengths), len(depths))
+    seeds = np.asarray(_seed_values(row, keys)).reshape(-1, *shape)
+    mean = _means({name: row}, keys).loc[name].to_numpy(dtype=float).reshape(shape)
+    n = len(row.runs)
+    panels = [(f"mean of {n} seeds" if n > 1 else f"one seed (seed {row.runs[0].seed})", mean)]
+    if _seeds_disagree(seeds):
+        panels += [(_seed_title(run), grid) for run, grid in zip(row.runs, seeds, strict=True)]
+    size = (1.5 + (1.2 + 0.6 * len(lengths)) * len(panels), 2.2 + 0.45 * len(depths))
+    fig = new_figure(*size, layout="constrained")
+    axes = list(fig.subplots(1, len(panels), squeeze=False)[0])
+    grid = {"lengths": lengths, "depths": [float(d) for d in depths]}
+    for ax, (title, acc) in zip(axes, panels, strict=True):
+        image = needle_panel(ax, {**grid, "acc": acc}, title)
+    fig.colorbar(image, ax=axes, label="passkey accuracy")
+    note = "\nthe seeds disagree: each beside their mean (key loss: the stage's final, chance: ln 10 = 2.30)"
+    fig.suptitle(wrap(f"Passkey accuracy: {name}", int(size[0] * 9)) + (note if len(panels) > 1 else ""))
+    return fig
 
 
-SHIFT_PANELS = (  # (shift kind, metric, y label, title)
-    ("offset", "kl", "KL(p_ref ‖ p_shift) (symlog)", "Position offset k: KL"),
+def _seeds_disagree(seeds: np.ndarray) -> bool:
+    """Whether some cell's accuracies over the seeds (seeds × cells) span NEEDLE_SPREAD or more."""
+    by_cell = pd.DataFrame(seeds.reshape(len(seeds), -1))
+    return len(seeds) > 1 and bool((by_cell.max() - by_cell.min()).max() >= NEEDLE_SPREAD)
+
+
+def _seed_title(run: RunRecord) -> str:
+    """The panel title of one seed: its number and its stage's final key loss where it has one."""
+    loss = run.metrics.get(STAGE_FINAL_LOSS)
+    return f"seed {run.seed}" + ("" if loss is None else f"\nkey loss {loss:.2f}")
+
+
+SHIFT_PANELS = (  # (shift kind, metric, colour-bar label, title)
+    ("offset", "kl", "KL(p_ref ‖ p_shift), nats (log scale)", "Position offset k: KL"),
     ("prefix", "dloss", "Δloss, nats/token", "Prefix of k tokens: Δloss"),
 )
+SHIFT_CELL_WIDTH = 0.75  # inches per column (k) of a shift table
+COLOUR_BAR_WIDTH = 1.3  # inches a colour bar and its label take
+SHIFT_PREFIX = "shift/"
+MIN_TABLE_HEIGHT = 3.5  # inches a shift table takes at least, however few its rows
+SHIFT_PAD = 0.12  # inches between a colour bar's label and the next table
+TABLE_OVER_LABELS = 1.5  # the first shift table is this many times as wide as the names and colour bar
+NO_COLOUR = "0.85"  # a table cell without a colour: exactly 0 (or below) on a log scale, or no value
+
+
+def shift_figure(rows: Mapping[str, Row]) -> Figure | None:
+    """The offset KL and the prefix Δloss of each row at each k, mean over seeds, as tables of values
+    coloured by value (KL on a log scale, 0 in grey): rows at 0, or equal to others, stay visible."""
+    ks = [shift_sizes(_metric_keys(_runs(rows)), kind, metric) for kind, metric, *_ in SHIFT_PANELS]
+    if not any(ks):
+        return None
+    shown = [(panel, k_values) for panel, k_values in zip(SHIFT_PANELS, ks, strict=True) if k_values]
+    rows = {name: row for name, row in rows.items() if _has_shift(row)}
+    widths = _shift_widths(rows, [len(k_values) for _, k_values in shown])
+    fig = new_figure(sum(widths), 1.8 + max(MIN_TABLE_HEIGHT, _rows_height(rows)), layout="constrained")
+    fig.get_layout_engine().set(w_pad=SHIFT_PAD)
+    axes = fig.subplots(1, len(shown), sharey=True, squeeze=False, width_ratios=widths)[0]
+    for ax, (panel, k_values) in zip(axes, shown, strict=True):
+        _shift_table(fig, ax, rows, panel, k_values)
+    _row_labels(axes[0], rows)
+    fig.suptitle("Shift stability (mean over seeds; grey: exactly 0)")
+    return fig
+
+
+def _shift_widths(rows: Mapping[str, Row], columns: Sequence[int]) -> list[float]:
+    """Inches of each shift table with its colour bar; the first also holds the rows' names beside it and
+    is made wider than they and its colour bar together (TABLE_OVER_LABELS), so that the table keeps more
+    than half of its share of the figure."""
+    widths = [SHIFT_CELL_WIDTH * n + COLOUR_BAR_WIDTH for n in columns]
+    labels = _label_width(rows)
+    table = max(SHIFT_CELL_WIDTH * columns[0], TABLE_OVER_LABELS * (labels + COLOUR_BAR_WIDTH))
+    widths[0] = labels + table + COLOUR_BAR_WIDTH
+    return widths
+
+
+def _has_shift(row: Row) -> bool:
+    """Whether a run of the row has a shift result (RoPE's scaling views have none)."""
+    return any(key.startswith(SHIFT_PREFIX) for run in row.runs for key in run.metrics)
+
+
+def _shift_table(
+    fig: Figure, ax: Axes, rows: Mapping[str, Row], panel: tuple[str, str, str, str], k_values: list[int]
+) -> None:
+    """One table of the shift figure: the mean of `shift/<kind>k/<metric>` per row (lines) and k
+    (columns), each value written in its cell, a colour bar beside it."""
+    kind, metric, label, title = panel
+    values = _means(rows, [metric_key(metric, shift=kind, k=k) for k in k_values]).to_numpy(dtype=float)
+    norm = _shift_norm(metric, values)
+    coloured = np.ma.masked_invalid(np.where(values > 0, values, np.nan) if metric == "kl" else values)
+    cmap = colormaps["viridis"].with_extremes(bad=NO_COLOUR)
+    image = ax.imshow(coloured, norm=norm, cmap=cmap, aspect="auto")
+    blank = np.ma.getmaskarray(coloured)
+    for (i, j), value in np.ndenumerate(values):
+        dark = not blank[i, j] and float(norm(value)) < 0.5
+        ax.text(j, i, _shift_text(metric, value), ha="center", va="center", fontsize="small",
+                color="white" if dark else "black")  # fmt: skip
+    fig.colorbar(image, ax=ax, label=label)
+    ax.set_xticks(range(len(k_values)), [str(k) for k in k_values])
+    ax.set_xlabel(f"{kind} k (tokens)")
+    ax.set_title(wrap(title, 20))
+
+
+def _shift_norm(metric: str, values: np.ndarray) -> Normalize:
+    """The colour scale of a shift table: KL logarithmic over its positive values, Δloss linear from 0
+    (or its lowest value) to its highest."""
+    finite = values[np.isfinite(values)]
+    if metric == "kl":
+        positive = finite[finite > 0]
+        return LogNorm(positive.min(), positive.max()) if positive.size else Normalize(0.0, 1.0)
+    return Normalize(min(0.0, finite.min()), finite.max()) if finite.size else Normalize(0.0, 1.0)
+
+
+def _shift_text(metric: str, value: float) -> str:
+    """A table cell: "–" for no value, "0" for exactly 0, KL in scientific notation, Δloss to 3 decimals."""
+    if math.isnan(value):
+        return "–"
+    if value == 0.0:
+        return "0"
+    return f"{value:.1e}" if metric == "kl" else f"{value:.3f}"
+
+
+def plot_ppl_vs_length(rows: Mapping[str, Row], path: Path) -> Path | None:
+    """`ppl_vs_length_figure` as a PNG at `path`."""
+    return save(ppl_vs_length_figure(rows), path)
+
+
+def plot_position_loss(rows: Mapping[str, Row], path: Path) -> Path | None:
+    """`position_loss_figure` as a PNG at `path`."""
+    return save(position_loss_figure(rows), path)
 
 
 def plot_shift(rows: Mapping[str, Row], path: Path) -> Path | None:
-    """Offset KL against offset k and prefix Δloss against prefix length k, one line per row."""
-    ks = [_keys_matching(_runs(rows), rf"shift/{kind}(\d+)/{metric}") for kind, metric, *_ in SHIFT_PANELS]
-    if not any(ks):
-        return None
-    styles = line_styles(rows)
-    fig, axes = report_figure(ncols=2, width=14)
-    for ax, panel, k_values in zip(axes, SHIFT_PANELS, ks, strict=True):
-        _shift_panel(ax, rows, styles, panel, k_values)
-    axes[0].set_yscale("symlog", linthresh=1e-8)
-    return save_with_legend(fig, path, axes[1])
+    """`shift_figure` as a PNG at `path`."""
+    return save(shift_figure(rows), path)
 
 
-def _shift_panel(
-    ax: Axes,
-    rows: Mapping[str, Row],
-    styles: dict[str, dict[str, Any]],
-    panel: tuple[str, str, str, str],
-    k_values: list[int],
-) -> None:
-    """One panel of the shift figure: the mean of `shift/<kind>k/<metric>` against k, a line per row."""
-    kind, metric, ylabel, title = panel
-    if k_values:
-        means = _means(rows, [f"shift/{kind}{k}/{metric}" for k in k_values])
-        for name in rows:
-            ax.plot(range(len(k_values)), means.loc[name], label=name, **MARKED, **styles[name])
-    ax.set_xticks(range(len(k_values)), [str(k) for k in k_values])
-    ax.set_xlabel(f"{kind} k (tokens)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(f"{title} (mean over seeds)")
-    ax.axhline(0.0, color="grey", linewidth=0.8)
+def plot_needle(name: str, row: Row, path: Path) -> Path | None:
+    """`needle_figure` as a PNG at `path`."""
+    return save(needle_figure(name, row), path)

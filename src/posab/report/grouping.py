@@ -4,6 +4,11 @@ A swept value is a config key whose value differs between the finished runs of t
 `encoding.*` hyper-parameters: between finished runs of the same encoding), except the seed and keys that
 do not change the experiment (`IGNORED_KEYS`). A RoPE run evaluated with scalings also gives one row per
 scaling (`rope + pi`).
+
+The resolved precision is part of a run's identity: `train.precision: auto` resolves to bf16 on a CPU with
+AVX-512 bf16 and to fp32 elsewhere, so a study continued on another machine may hold both. Runs of
+different precisions never share a row, and in a study that has more than one each label says which
+(`alibi, precision=fp32`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ IGNORED_KEYS = (
 # shift numbers (those measure the model before the passkey stage, results.json's `eval_source`), and a run
 # with one off has no needle numbers (— in its row). So they make no label, but one row never mixes values.
 MEASUREMENT_SWITCHES = ("passkey.enabled", "eval.needle.enabled")
+PRECISION = "precision"  # the RunRecord.info key of the precision the run resolved (bf16, fp32)
 
 
 @dataclass
@@ -115,9 +121,25 @@ def label_keys(runs: Sequence[RunRecord], keys: Sequence[str]) -> dict[str, list
     return shown
 
 
-def run_label(run: RunRecord, keys: Sequence[str]) -> str:
-    """The encoding and the run's value of each of `keys` it has: "multiscale, data.anchors=false"."""
-    return ", ".join([run.encoding, *(f"{k}={run.config[k]}" for k in keys if k in run.config)])
+def run_label(run: RunRecord, keys: Sequence[str], precision: bool = False) -> str:
+    """The encoding and the run's value of each of `keys` it has: "multiscale, data.anchors=false"; with
+    `precision`, its resolved precision last ("alibi, precision=fp32")."""
+    parts = [run.encoding, *(f"{k}={run.config[k]}" for k in keys if k in run.config)]
+    return ", ".join([*parts, *([f"{PRECISION}={precision_of(run)}"] if precision else [])])
+
+
+def precision_of(run: RunRecord) -> str:
+    """The precision the run resolved, "unknown" where it recorded none."""
+    return run.info.get(PRECISION) or "unknown"
+
+
+def mixed_precision(runs: Sequence[RunRecord]) -> set[str]:
+    """The studies whose finished runs ran at more than one precision: their labels name it."""
+    precisions: dict[str, set[str]] = {}
+    for run in runs:
+        if run.finished:
+            precisions.setdefault(run.study, set()).add(precision_of(run))
+    return {study for study, found in precisions.items() if len(found) > 1}
 
 
 def study_keys(runs: Sequence[RunRecord]) -> dict[str, list[str]]:
@@ -129,14 +151,16 @@ def study_keys(runs: Sequence[RunRecord]) -> dict[str, list[str]]:
 def group_rows(runs: Sequence[RunRecord]) -> dict[str, list[Row]]:
     """Finished runs per study, grouped into rows by encoding and swept values, rows sorted by label.
 
-    A RoPE run evaluated with scalings also gives one row per scaling (`rope + pi`, ...)."""
+    A RoPE run evaluated with scalings also gives one row per scaling (`rope + pi`, ...); runs of different
+    precisions are in different rows."""
     table: dict[str, list[Row]] = {}
+    mixed = mixed_precision(runs)
     for study, keys in study_keys(runs).items():
         rows: dict[str, Row] = {}
         finished = [r for r in runs if r.study == study and r.finished]
         shown = label_keys(finished, keys)
         for run in finished:
-            label = run_label(run, shown.get(run.encoding, []))
+            label = run_label(run, shown.get(run.encoding, []), study in mixed)
             views = [("", label, scaled_view(run, UNSCALED))]
             views += [(kind, f"{label} + {kind}", scaled_view(run, kind)) for kind in scaling_kinds(run)]
             for kind, name, view in views:

@@ -7,21 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-INFO_COLUMNS = (
-    "run",
-    "study",
-    "label",
-    "status",
-    "error",
-    "encoding",
-    "seed",
-    "experiment",
-    "overrides",
-    "git_commit",
-    "machine",
-    "device",
-    "precision",
+PROVENANCE_KEYS = (  # recorded by newer runs; empty in runs.csv files written before they were
+    "git_dirty",  # uncommitted changes to tracked files at the end: true | false | null (no git)
+    "git_commit_start",  # the commit the run started with (differs from git_commit after a resume)
+    "git_dirty_start",
+    "resumed_from_step",  # the step the last attempt resumed from; null: not resumed
+    "cpu_capability",  # torch's CPU kernel set: DEFAULT, AVX2, AVX512, ...
+    "versions",  # the installed dependencies: "torch=2.13.0+cpu numpy=2.1.3 ..."
 )
+# RunRecord.info's keys: where and how the run ran
+RUN_INFO_KEYS = ("experiment", "overrides", "git_commit", "machine", "device", "precision", *PROVENANCE_KEYS)
+INFO_COLUMNS = ("run", "study", "label", "status", "error", "encoding", "seed", *RUN_INFO_KEYS)
 RUN_METRICS = ("tokens_per_s", "train_loss", "val_loss", "wall_time_s")  # top-level keys of results.json
 SUMMARY_METRICS = (
     "params/total",
@@ -38,6 +34,8 @@ WINDOWS_FILE = "perplexity_windows.npz"  # a run's per-window mean losses (`loss
 WINDOW_STARTS_KEY = "starts"  # the array of WINDOWS_FILE that holds the windows' start offsets
 WINDOWS_PREFIX = "windows:"  # runs.csv: `windows:loss/512` holds that key's per-window losses as JSON
 WINDOW_STARTS_COLUMN = "window_starts"  # runs.csv: the windows' start offsets as JSON
+WINDOW_DOCUMENTS_KEY = "documents"  # the array of WINDOWS_FILE with each window's document (newer runs)
+WINDOW_DOCUMENTS_COLUMN = "window_documents"  # runs.csv: each window's document as JSON
 STAGE_PREFIX = "passkey_stage/"  # the passkey stage's scalars (`passkey_stage/time_s`) and curves
 STAGE_KEY_LOSS = STAGE_PREFIX + "key_loss"  # curve: (stage step, train/needle_loss) from metrics.jsonl
 STAGE_PROBES = STAGE_PREFIX + "probes"  # curve: (stage step, greedy accuracy on the probe examples)
@@ -59,7 +57,7 @@ class RunRecord:
     encoding: str
     seed: int | None
     study: str
-    info: dict[str, str]  # experiment, overrides, git_commit, machine, device, precision
+    info: dict[str, str]  # RUN_INFO_KEYS: experiment, overrides, git_commit, ..., precision, git_dirty, ...
     config: dict[str, str]  # flattened config ("data.anchors" -> "false"); values as in YAML
     metrics: dict[str, float]  # every scalar result: params/*, val_loss, ..., every scalar eval key
     series: dict[str, list[float]]  # position_loss/L: mean loss per position bin
@@ -67,6 +65,7 @@ class RunRecord:
     val_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, val/loss) during training
     windows: dict[str, list[float]] = field(default_factory=dict)  # "loss/512" -> mean loss of each window
     window_starts: list[int] = field(default_factory=list)  # start offset of each of those windows
+    window_documents: list[int] = field(default_factory=list)  # the document of each (most of its targets)
     stage_curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # STAGE_KEY_LOSS, ...
 
     @property

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from posab.paths import encoding_options
 from posab.report.records import (
+    PROVENANCE_KEYS,
     RUN_METRICS,
     SERIES_PREFIX,
     STAGE_KEY_LOSS,
@@ -26,6 +27,7 @@ from posab.report.records import (
     STAGE_PREFIX,
     STAGE_PROBES,
     VAL_CURVE_KEY,
+    WINDOW_DOCUMENTS_KEY,
     WINDOW_STARTS_KEY,
     WINDOWS_FILE,
     ReportError,
@@ -86,7 +88,7 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
     info = _run_info(results, config)
     seed = results.get("seed", config.get("seed"))
     group = config.get("logger.group", "null")
-    windows, starts = read_windows(path / WINDOWS_FILE)
+    windows, starts, documents = read_windows(path / WINDOWS_FILE)
     stage_metrics, stage_curves = _stage(results, path / "metrics.jsonl")
     return RunRecord(
         name=name or path.name,
@@ -103,6 +105,7 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
         val_curve=read_logged_curve(path / "metrics.jsonl", VAL_CURVE_KEY),
         windows=windows,
         window_starts=starts,
+        window_documents=documents,
         stage_curves=stage_curves,
     )
 
@@ -150,7 +153,19 @@ def _run_info(results: dict[str, Any], config: dict[str, str]) -> dict[str, str]
         ),
         "device": str(results.get("device", "")),
         "precision": str(results.get("precision", "")),
+        **_provenance(results, machine),
     }
+
+
+def _provenance(results: dict[str, Any], machine: dict[str, Any]) -> dict[str, str]:
+    """PROVENANCE_KEYS as cells: JSON scalars as JSON writes them (`true`, `null`, `400`), the versions as
+    `name=version` pairs of the installed packages; "" where results.json predates the key."""
+    recorded = {k: results[k] for k in PROVENANCE_KEYS if k in results}
+    recorded |= {k: machine[k] for k in ("cpu_capability", "versions") if k in machine}
+    cells = {k: v if isinstance(v, str) else json.dumps(v) for k, v in recorded.items() if k != "versions"}
+    if isinstance(recorded.get("versions"), dict):
+        cells["versions"] = " ".join(f"{name}={v}" for name, v in recorded["versions"].items() if v)
+    return {k: cells.get(k, "") for k in PROVENANCE_KEYS}
 
 
 def read_logged_curve(path: Path, key: str, step_offset: int = 0) -> list[tuple[int, float]]:
@@ -188,21 +203,23 @@ def _stage(
     return metrics, curves
 
 
-def read_windows(path: Path) -> tuple[dict[str, list[float]], list[int]]:
+def read_windows(path: Path) -> tuple[dict[str, list[float]], list[int], list[int]]:
     """The per-window mean losses of a run's perplexity_windows.npz by key (`loss/512`, `loss_tail/1024`),
-    and the windows' start offsets; both empty without the file.
+    the windows' start offsets and each window's document (empty in files written before the evaluator
+    recorded them); all empty without the file.
 
     Each loss is rounded to 7 significant digits (about what its float32 holds), so that the run read from
     its directory and the same run read back from runs.csv hold identical numbers."""
     if not path.is_file():
-        return {}, []
+        return {}, [], []
     with np.load(path) as arrays:
         windows = {
             key: [float(f"{v:.7g}") for v in arrays[key].tolist()]
             for key in arrays.files
-            if key != WINDOW_STARTS_KEY
+            if key not in (WINDOW_STARTS_KEY, WINDOW_DOCUMENTS_KEY)
         }
-        return windows, [int(s) for s in arrays[WINDOW_STARTS_KEY].tolist()]
+        documents = arrays[WINDOW_DOCUMENTS_KEY].tolist() if WINDOW_DOCUMENTS_KEY in arrays.files else []
+        return windows, [int(s) for s in arrays[WINDOW_STARTS_KEY].tolist()], [int(d) for d in documents]
 
 
 @cache

@@ -10,15 +10,17 @@ from typing import Any
 
 import pandas as pd
 
-from posab.report.grouping import MEASUREMENT_SWITCHES, run_label, study_keys
+from posab.report.grouping import MEASUREMENT_SWITCHES, mixed_precision, run_label, study_keys
 from posab.report.records import (
     CONFIG_PREFIX,
     CURVE_PREFIX,
     INFO_COLUMNS,
+    RUN_INFO_KEYS,
     SEQ_LEN_KEY,
     SERIES_PREFIX,
     SUMMARY_METRICS,
     VAL_CURVE_COLUMN,
+    WINDOW_DOCUMENTS_COLUMN,
     WINDOW_STARTS_COLUMN,
     WINDOWS_PREFIX,
     RunRecord,
@@ -33,9 +35,9 @@ def write_csv(runs: Sequence[RunRecord], path: Path) -> Path:
     """One row per run: INFO_COLUMNS, the training length, measurement switches and swept config values
     (`config.KEY`), every scalar result (summary first, then the rest sorted), then position_loss/L as JSON
     lists, where a run has one, the validation-loss curve as JSON [step, loss] pairs (`val_loss_curve`)
-    and, where a run has them, its per-window losses (`windows:loss/L`, ...) and the windows' starts
-    (`window_starts`) as JSON lists, and the passkey stage's curves (`curve:passkey_stage/key_loss`, ...)
-    as JSON [step, value] pairs."""
+    and, where a run has them, its per-window losses (`windows:loss/L`, ...), the windows' starts
+    (`window_starts`) and documents (`window_documents`) as JSON lists, and the passkey stage's curves
+    (`curve:passkey_stage/key_loss`, ...) as JSON [step, value] pairs."""
     keys = study_keys(runs)
     swept = {k for study in keys.values() for k in study}
     switches = {k for r in runs for k in MEASUREMENT_SWITCHES if k in r.config}  # rows check them
@@ -53,9 +55,12 @@ def write_csv(runs: Sequence[RunRecord], path: Path) -> Path:
         *([VAL_CURVE_COLUMN] if any(r.val_curve for r in runs) else []),
         *(WINDOWS_PREFIX + k for k in window_keys),
         *([WINDOW_STARTS_COLUMN] if any(r.window_starts for r in runs) else []),
+        *([WINDOW_DOCUMENTS_COLUMN] if any(r.window_documents for r in runs) else []),
         *(CURVE_PREFIX + k for k in curve_keys),
     ]
-    frame = pd.DataFrame([_csv_cells(r, run_label(r, keys[r.study])) for r in runs], columns=columns)
+    mixed = mixed_precision(runs)
+    cells = [_csv_cells(r, run_label(r, keys[r.study], r.study in mixed)) for r in runs]
+    frame = pd.DataFrame(cells, columns=columns)
     frame.to_csv(path, index=False, lineterminator=LINE_END, encoding="utf-8")
     return path
 
@@ -73,6 +78,8 @@ def _csv_cells(run: RunRecord, label: str) -> dict[str, Any]:
     cells |= {WINDOWS_PREFIX + k: json.dumps(v) for k, v in run.windows.items()}
     if run.window_starts:
         cells[WINDOW_STARTS_COLUMN] = json.dumps(run.window_starts)
+    if run.window_documents:
+        cells[WINDOW_DOCUMENTS_COLUMN] = json.dumps(run.window_documents)
     cells |= {CURVE_PREFIX + k: json.dumps(v) for k, v in run.stage_curves.items()}
     return cells
 
@@ -92,7 +99,8 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
     series = {k: json.loads(v) for k, v in filled.items() if k.startswith(SERIES_PREFIX)}
     windows = {k: json.loads(v) for k, v in filled.items() if k.startswith(WINDOWS_PREFIX)}
     curves = {k: json.loads(v) for k, v in filled.items() if k.startswith(CURVE_PREFIX)}
-    not_metrics = {*INFO_COLUMNS, *series, *windows, *curves, VAL_CURVE_COLUMN, WINDOW_STARTS_COLUMN}
+    lists = (VAL_CURVE_COLUMN, WINDOW_STARTS_COLUMN, WINDOW_DOCUMENTS_COLUMN)
+    not_metrics = {*INFO_COLUMNS, *series, *windows, *curves, *lists}
     metrics = {
         k: float(v) for k, v in filled.items() if k not in not_metrics and not k.startswith(CONFIG_PREFIX)
     }
@@ -107,7 +115,7 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
         encoding=row["encoding"],
         seed=int(row["seed"]) if row["seed"] else None,
         study=row["study"],
-        info={k: row[k] for k in ("experiment", "overrides", "git_commit", "machine", "device", "precision")},
+        info={k: row.get(k, "") for k in RUN_INFO_KEYS},  # a column older files lack: ""
         config=config,
         metrics=metrics,
         series=series,
@@ -115,6 +123,7 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
         val_curve=[(int(step), float(loss)) for step, loss in json.loads(filled.get(VAL_CURVE_COLUMN, "[]"))],
         windows={k.removeprefix(WINDOWS_PREFIX): [float(v) for v in values] for k, values in windows.items()},
         window_starts=[int(s) for s in json.loads(filled.get(WINDOW_STARTS_COLUMN, "[]"))],
+        window_documents=[int(d) for d in json.loads(filled.get(WINDOW_DOCUMENTS_COLUMN, "[]"))],
         stage_curves={
             k.removeprefix(CURVE_PREFIX): [(int(step), float(v)) for step, v in points]
             for k, points in curves.items()

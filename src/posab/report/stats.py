@@ -3,11 +3,14 @@
 Mean, sample std (ddof=1), count, min and max of each metric per row, and the validation-loss curve per row
 (mean, min, max at each step).
 
-Paired differences: each row of a study against the `nope` and `alibi` rows in mean per-window loss, with
-a paired bootstrap interval. Every run of a study scores the same evaluation windows, so most of the
-variation between windows (some text is harder) is shared by both rows and cancels when the windows are
-resampled together; the seeds of each row are resampled on their own, as runs of different rows are not
-paired.
+Paired differences: each row of a study against the `nope` and `alibi` rows in mean per-window loss, at
+the level where independence holds (`resampling`). Every run of a study scores the same evaluation windows,
+so most of the variation between windows (some text is harder) is shared by both rows and cancels when the
+windows are resampled together. The windows are not independent: they come from a few documents (the test
+split of pg-books is two books) whose effects differ, so the interval resamples the documents, then the
+windows within them, and each row's seeds on their own (runs of different rows are not paired). Beside it,
+an exact permutation test on the per-seed means, Holm-adjusted over each family of comparisons (`FAMILY`),
+and a verdict from both (`verdict`).
 
 A missing value and a NaN result are the same to these statistics: neither enters the mean or the count.
 """
@@ -15,24 +18,26 @@ A missing value and a NaN result are the same to these statistics: neither enter
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from posab.keys import key_lengths
 from posab.report.grouping import Row
 from posab.report.records import RunRecord
+from posab.report.resampling import bootstrap_interval, holm, permutation_p
 
 ROW = "row"  # the column of run_values that names each run's row
 TABLE_STATISTICS = ("mean", "std", "count")  # std: pandas' sample std, ddof=1
 BAND_STATISTICS = ("mean", "min", "max")
 PAIRED_REFERENCES = ("nope", "alibi")  # the default rows every other row is compared with (`reference_rows`)
 PAIRED_METRICS = ("loss", "loss_tail")  # compared per-window keys: `loss/L`, `loss_tail/L` (L > training)
-PAIRED_KEY = re.compile(rf"({'|'.join(PAIRED_METRICS)})/(\d+)")  # "loss_tail/1024" -> metric, length
-DRAWS = 2000
+ALPHA = 0.05  # the level of the seed-level test, Holm-adjusted
+FAMILY = ("study", "reference", "metric", "length")  # one Holm family: the rows compared with one reference
+ORDERED, SUGGESTIVE, INDISTINGUISHABLE = "ordered", "suggestive", "indistinguishable"
 PAIRED_COLUMNS = (
     "study",
     "row",
@@ -43,9 +48,17 @@ PAIRED_COLUMNS = (
     "low",  # 2.5th percentile of the bootstrap replicates
     "high",  # 97.5th percentile
     "excludes_zero",
+    "unstable",  # 0 lies within an end ± its Monte Carlo error: `excludes_zero` could flip with more draws
     "seeds_row",
     "seeds_reference",
     "windows",
+    "documents",  # the documents resampled; empty: runs without window documents, windows resampled alone
+    "draws",  # bootstrap replicates drawn (until both ends' Monte Carlo error < MC_BOUND, or MAX_DRAWS)
+    "mc_error_low",  # Monte Carlo error of `low`, nats
+    "mc_error_high",
+    "p_seeds",  # exact two-sided permutation test on the per-seed means
+    "p_holm",  # p_seeds Holm-adjusted within its FAMILY
+    "verdict",  # ORDERED, SUGGESTIVE or INDISTINGUISHABLE (`verdict`)
 )
 
 
@@ -79,60 +92,61 @@ def curve_band(curves: Sequence[Sequence[tuple[int, float]]]) -> pd.DataFrame:
 
 @dataclass
 class PairedDifferences:
-    """Every paired comparison of a report and, per study, the comparisons not made and why."""
+    """Every paired comparison of a report and, per study, the comparisons not made and why, and those whose
+    intervals resample the windows alone."""
 
     frame: pd.DataFrame  # one line per (study, row, reference, length, metric); columns PAIRED_COLUMNS
     notes: dict[str, list[str]]  # study -> comparisons not made
-
-
-def paired_bootstrap(
-    arm: np.ndarray, reference: np.ndarray, draws: int = DRAWS
-) -> tuple[float, float, float]:
-    """Arm minus reference in mean loss over seeds and windows, and its 95% percentile interval, from the
-    per-window losses (seeds, W) of two rows that scored the same W windows.
-
-    Each of `draws` replicates resamples the W windows with replacement, the same windows for both rows (the
-    pairing), and each row's seeds with replacement, independently. The generator is seeded
-    (`default_rng(0)`): the same losses give the same interval."""
-    rng = np.random.default_rng(0)
-    windows = rng.integers(0, arm.shape[1], size=(draws, arm.shape[1]))  # (draws, W) window indices
-    replicates = _resampled_means(arm, windows, rng) - _resampled_means(reference, windows, rng)  # (draws,)
-    low, high = np.percentile(replicates, [2.5, 97.5])
-    return float(arm.mean() - reference.mean()), float(low), float(high)
-
-
-def _resampled_means(losses: np.ndarray, windows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Each replicate's mean of `losses` (seeds, W) over seeds drawn with replacement and its `windows`."""
-    seeds = rng.integers(0, len(losses), size=(len(windows), len(losses)))  # (draws, seeds) run indices
-    by_window = losses[seeds].mean(axis=1)  # (draws, seeds, W) -> (draws, W)
-    return np.take_along_axis(by_window, windows, axis=1).mean(axis=1)  # (draws, W) -> (draws,)
+    windows_only: dict[str, list[str]] = field(default_factory=dict)  # study -> pairs without documents
 
 
 def paired_differences(
-    table: Mapping[str, Sequence[Row]],
-    references: Sequence[str] = PAIRED_REFERENCES,
-    draws: int = DRAWS,
+    table: Mapping[str, Sequence[Row]], references: Sequence[str] = PAIRED_REFERENCES
 ) -> PairedDifferences:
     """Every row of each study whose runs have per-window losses against each reference row of the study
-    (`references` that it has), at every length and PAIRED_METRICS key all their runs have.
+    (`references` that it has), at every length and PAIRED_METRICS key all their runs have, with the
+    Holm-adjusted p-values and verdicts (`with_verdicts`).
 
     A reference is not compared with itself; rows of a RoPE scaling view are no arm. A pair whose runs
     lack per-window losses or scored different windows is not compared: a note says so."""
     lines: list[dict[str, Any]] = []
-    notes: dict[str, list[str]] = {}
+    paired = PairedDifferences(pd.DataFrame(), {}, {})
     for study, rows in table.items():
         if not any(run.windows for row in rows for run in row.runs):
             continue
         found = reference_rows(rows, references)
         for arm in (row for row in rows if not row.scaling):
-            for reference in found:
-                if reference is arm:
-                    continue
-                compared, note = _compare(arm, reference, draws)
+            for reference in (r for r in found if r is not arm):
+                compared, note, documents = _compare(arm, reference)
                 lines += [{"study": study, **line} for line in compared]
                 if note:
-                    notes.setdefault(study, []).append(note)
-    return PairedDifferences(pd.DataFrame(lines, columns=list(PAIRED_COLUMNS)), notes)
+                    paired.notes.setdefault(study, []).append(note)
+                elif documents is None:
+                    paired.windows_only.setdefault(study, []).append(f"`{arm.label}` vs `{reference.label}`")
+    paired.frame = with_verdicts(pd.DataFrame(lines, columns=list(PAIRED_COLUMNS)))
+    return paired
+
+
+def with_verdicts(frame: pd.DataFrame) -> pd.DataFrame:
+    """The comparisons with `p_holm` (Holm 1979, within each FAMILY: the rows compared with one reference
+    in one metric at one length) and `verdict`; `documents` as integers (empty where none)."""
+    frame = frame.copy()
+    frame["documents"] = frame["documents"].astype("Int64")
+    for _, index in frame.groupby(list(FAMILY), sort=False).groups.items():
+        frame.loc[index, "p_holm"] = holm(frame.loc[index, "p_seeds"].tolist())
+    frame["p_holm"] = frame["p_holm"].astype("float64")
+    frame["verdict"] = [
+        verdict(bool(line.excludes_zero and not line.unstable), float(line.p_holm))
+        for line in frame.itertuples()
+    ]
+    return frame
+
+
+def verdict(interval_excludes_zero: bool, p_holm: float) -> str:
+    """ORDERED when the interval excludes 0 (stably: beyond its ends' Monte Carlo error) and the
+    Holm-adjusted seed-level p < ALPHA; SUGGESTIVE when one of the two holds; else INDISTINGUISHABLE."""
+    holds = int(interval_excludes_zero) + int(p_holm < ALPHA)
+    return (INDISTINGUISHABLE, SUGGESTIVE, ORDERED)[holds]
 
 
 def reference_rows(rows: Sequence[Row], references: Sequence[str] = PAIRED_REFERENCES) -> list[Row]:
@@ -147,44 +161,55 @@ def reference_rows(rows: Sequence[Row], references: Sequence[str] = PAIRED_REFER
     return found
 
 
-def _compare(arm: Row, reference: Row, draws: int) -> tuple[list[dict[str, Any]], str]:
-    """The lines of one pair of rows (all but the study), or none and the reason why."""
+def _compare(arm: Row, reference: Row) -> tuple[list[dict[str, Any]], str, np.ndarray | None]:
+    """The lines of one pair of rows (all but the study, p_holm and verdict) and the documents their windows
+    were resampled within (None: windows alone), or no lines and the reason why."""
     runs = [*arm.runs, *reference.runs]
     pair = f"`{arm.label}` vs `{reference.label}`"
     lacking = [r.name for r in runs if not r.windows]
     if lacking:
-        return [], f"{pair}: no per-window losses (`perplexity_windows.npz`) for {', '.join(lacking)}"
+        return [], f"{pair}: no per-window losses (`perplexity_windows.npz`) for {', '.join(lacking)}", None
     if len({tuple(r.window_starts) for r in runs}) > 1:
-        return [], f"{pair}: their runs scored different windows (`window_starts` differ), no pairing"
+        return [], f"{pair}: their runs scored different windows (`window_starts` differ), no pairing", None
+    if len({tuple(r.window_documents) for r in runs if r.window_documents}) > 1:
+        return [], f"{pair}: their runs place the windows in different documents (`window_documents`)", None
     keys = _common_keys(runs)
     if not keys:
-        return [], f"{pair}: no `loss/L` that every run of both rows has"
-    lines = []
-    for metric, length in keys:
-        arm_losses = _losses(arm, f"{metric}/{length}")  # (seeds, W)
-        difference, low, high = paired_bootstrap(arm_losses, _losses(reference, f"{metric}/{length}"), draws)
-        lines.append(
-            {
-                "row": arm.label,
-                "reference": reference.label,
-                "length": length,
-                "metric": metric,
-                "difference": difference,
-                "low": low,
-                "high": high,
-                "excludes_zero": low > 0 or high < 0,
-                "seeds_row": len(arm.runs),
-                "seeds_reference": len(reference.runs),
-                "windows": arm_losses.shape[1],
-            }
-        )
-    return lines, ""
+        return [], f"{pair}: no `loss/L` that every run of both rows has", None
+    documents = np.array(runs[0].window_documents) if all(r.window_documents for r in runs) else None
+    return [_line(arm, reference, metric, length, documents) for metric, length in keys], "", documents
+
+
+def _line(arm: Row, reference: Row, metric: str, length: int, documents: np.ndarray | None) -> dict[str, Any]:
+    """One comparison: the hierarchical bootstrap interval and the seed-level permutation test."""
+    arm_losses = _losses(arm, f"{metric}/{length}")  # (seeds, W)
+    reference_losses = _losses(reference, f"{metric}/{length}")  # (seeds, W)
+    interval = bootstrap_interval(arm_losses, reference_losses, documents)
+    return {
+        "row": arm.label,
+        "reference": reference.label,
+        "length": length,
+        "metric": metric,
+        "difference": interval.difference,
+        "low": interval.low,
+        "high": interval.high,
+        "excludes_zero": interval.excludes_zero,
+        "unstable": interval.unstable,
+        "seeds_row": len(arm.runs),
+        "seeds_reference": len(reference.runs),
+        "windows": arm_losses.shape[1],
+        "documents": None if documents is None else len(np.unique(documents)),
+        "draws": interval.draws,
+        "mc_error_low": interval.mc_error_low,
+        "mc_error_high": interval.mc_error_high,
+        "p_seeds": permutation_p(arm_losses.mean(axis=1), reference_losses.mean(axis=1)),  # (seeds,) each
+    }
 
 
 def _common_keys(runs: Sequence[RunRecord]) -> list[tuple[str, int]]:
     """(metric, length) of each PAIRED_METRICS key every run has, by length, then in PAIRED_METRICS order."""
     common = set.intersection(*(set(r.windows) for r in runs))
-    keys = [(m[1], int(m[2])) for k in common if (m := PAIRED_KEY.fullmatch(k))]
+    keys = [(metric, n) for metric in PAIRED_METRICS for n in key_lengths(common, metric)]
     return sorted(keys, key=lambda key: (key[1], PAIRED_METRICS.index(key[0])))
 
 

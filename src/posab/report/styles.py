@@ -1,20 +1,35 @@
-"""How each row is drawn: one colour per encoding, one line style per variant (the swept values other than
-the encoding, and the RoPE scaling), the same in every figure of a report; the legend outside the axes.
+"""How the report's figures are laid out and each row is drawn, the same in every figure of a report.
 
-Colours follow the encodings with a config file (`conf/encoding/*.yaml`, sorted), then any other encoding,
-so that an encoding keeps its colour from one report to the next. The variants of an encoding are sorted
-(study first, then the label without the encoding); the first, usually "no swept value", is solid.
+Panels: a figure of more rows than a panel can show readably (MAX_SERIES) is split into panels of whole
+encodings (`facets`): the encodings of one row together, then those of several rows, in the rows' order
+(an encoding of more rows than that fills panels of its own). Each panel has its own title (the encodings
+it holds, and the swept values all its rows share, which its legend entries then leave out) and its own
+legend to its right; all panels share one y axis so that they compare.
+
+Colours: within a panel every row has its own colour. The first variant of each encoding (study first,
+then the label without the encoding; usually "no swept value") takes the encoding's colour, which follows
+the encodings with a config file (`conf/encoding/*.yaml`, sorted), then any other encoding, so that an
+encoding keeps its colour from one figure and report to the next; the encoding's other rows take the
+palette's colours no row of the panel has. The line style follows the variant, as a second cue.
+
+Ticks: a log axis is labelled at enough round values to read it (`log_ticks`), lengths at the lengths
+evaluated (`length_axis`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+import re
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from matplotlib import colormaps
 from matplotlib.axes import Axes
+from matplotlib.axis import Axis
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, NullFormatter, NullLocator
 
 from posab.errors import ConfigError
 from posab.paths import encoding_names
@@ -33,6 +48,14 @@ LINE_STYLES: list[Any] = [
     (0, (1, 3)),
     (0, (6, 2, 1, 2, 1, 2)),
 ]
+MAX_SERIES = 8  # rows one panel draws at most: each keeps a colour of its own and a short legend
+PANEL_COLUMNS = 2  # panels side by side; more panels go on further lines
+PANEL_SIZE = (8.5, 4.2)  # inches per panel, its legend included
+LEGEND_WRAP = 36  # characters per line of a legend entry; a longer row name goes on several lines
+TITLE_WRAP = 70  # characters per line of a panel's title
+MIN_LOG_TICKS = 4  # labelled ticks a log axis gets at least, where its range allows
+SWEPT_VALUE = re.compile(r", (?=[\w.]+=)")  # between two swept values of a label, not inside one
+LOG_MANTISSAS = ((1.0,), (1.0, 2.0, 5.0), tuple(float(m) for m in range(1, 10)))
 
 
 def encoding_colours(encodings: Iterable[str]) -> dict[str, Any]:
@@ -46,35 +69,149 @@ def encoding_colours(encodings: Iterable[str]) -> dict[str, Any]:
     return {name: PALETTE[order.index(name) % len(PALETTE)] for name in wanted}
 
 
-def line_styles(rows: Mapping[str, Row]) -> dict[str, dict[str, Any]]:
-    """Per row name, the keyword arguments of its lines: `color` by encoding, `linestyle` by variant: the
-    variants of each encoding in order (study, then label) take LINE_STYLES in turn, so that the four most
-    distinct styles serve the encodings with up to four rows, and equal variant lists get equal styles."""
-    colours = encoding_colours(row.encoding for row in rows.values())
-    variants: dict[str, list[tuple[str, str]]] = {}
+def _variant_ranks(rows: Mapping[str, Row]) -> dict[str, int]:
+    """Per row name, the place of its (study, variant) among its encoding's, sorted."""
+    variants: dict[str, set[tuple[str, str]]] = {}
     for row in rows.values():
-        variants.setdefault(row.encoding, []).append((row.study, row.variant))
-    rank = {
-        (encoding, variant): i
-        for encoding, found in variants.items()
-        for i, variant in enumerate(sorted(set(found), key=lambda v: tuple(map(natural_key, v))))
-    }
+        variants.setdefault(row.encoding, set()).add((row.study, row.variant))
+    order = {e: sorted(v, key=lambda sv: tuple(map(natural_key, sv))) for e, v in variants.items()}
+    return {name: order[row.encoding].index((row.study, row.variant)) for name, row in rows.items()}
+
+
+def line_styles(rows: Mapping[str, Row]) -> dict[str, dict[str, Any]]:
+    """Per row name, the keyword arguments of its lines in a panel of these rows: a `color` no other row
+    of them has (the encoding's own for its first variant) and a `linestyle` by variant rank."""
+    ranks = _variant_ranks(rows)
+    own = encoding_colours(row.encoding for row in rows.values())
+    colours = {name: own[row.encoding] for name, row in rows.items() if ranks[name] == 0}
+    spare = iter(c for c in PALETTE if c not in colours.values())
+    for name in sorted(rows, key=lambda n: (ranks[n], natural_key(n))):
+        colours.setdefault(name, next(spare, "black"))
     return {
-        name: {
-            "color": colours[row.encoding],
-            "linestyle": LINE_STYLES[rank[row.encoding, (row.study, row.variant)] % len(LINE_STYLES)],
-        }
-        for name, row in rows.items()
+        name: {"color": colours[name], "linestyle": LINE_STYLES[ranks[name] % len(LINE_STYLES)]}
+        for name in rows
     }
 
 
-def report_figure(ncols: int = 1, width: float = 10.0) -> tuple[Figure, list[Axes]]:
-    """A figure of `ncols` axes side by side, laid out to leave room for a legend on the right."""
-    fig = new_figure(width, 4.5, layout="constrained")
-    return fig, list(fig.subplots(1, ncols, squeeze=False)[0])
+def facets(rows: Mapping[str, Row], size: int = MAX_SERIES) -> list[dict[str, Row]]:
+    """The rows in panels of at most `size` (all in one when they fit): the encodings of one row together
+    (in panels of even sizes), then the others, whole encodings packed in order while they fit; an
+    encoding of more rows than `size` fills panels of its own."""
+    if len(rows) <= size:
+        return [dict(rows)]
+    by_encoding: dict[str, dict[str, Row]] = {}
+    for name, row in rows.items():
+        by_encoding.setdefault(row.encoding, {})[name] = row
+    groups = list(by_encoding.values())
+    singles = [group for group in groups if len(group) == 1]
+    even = math.ceil(len(singles) / max(1, math.ceil(len(singles) / size)))  # 9 singles: 5 + 4, not 8 + 1
+    return _pack(singles, even) + _pack([group for group in groups if len(group) > 1], size)
 
 
-def save_with_legend(fig: Figure, path: Path, legend_ax: Axes) -> Path:
-    """Legend to the right of `legend_ax`, outside the axes, then write the PNG."""
-    legend_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), handlelength=4)
-    return save_figure(fig, path)
+def _pack(groups: Sequence[dict[str, Row]], size: int) -> list[dict[str, Row]]:
+    """Consecutive groups in panels of at most `size` rows; a group larger than that split in `size`."""
+    panels: list[dict[str, Row]] = [{}]
+    for group in groups:
+        names = list(group)
+        for chunk in (names[i : i + size] for i in range(0, len(names), size)):
+            if panels[-1] and len(panels[-1]) + len(chunk) > size:
+                panels.append({})
+            panels[-1].update({name: group[name] for name in chunk})
+    return [panel for panel in panels if panel]
+
+
+def _swept_parts(row: Row) -> list[str]:
+    """The swept values in the row's label ("data.anchors=false", ...), without its RoPE scaling."""
+    swept = row.variant[: -len(row.scaling)].rstrip(" +") if row.scaling else row.variant
+    return SWEPT_VALUE.split(swept) if swept else []
+
+
+def shared_values(panel: Mapping[str, Row]) -> list[str]:
+    """The swept values every row of a panel of several rows has (a panel's title states them once)."""
+    parts = [_swept_parts(row) for row in panel.values()]
+    return [p for p in parts[0] if all(p in other for other in parts[1:])] if len(parts) > 1 else []
+
+
+def legend_entries(panel: Mapping[str, Row]) -> dict[str, str]:
+    """Per row name, its legend entry in the panel: the name without the swept values every row of the
+    panel shares (`shared_values`)."""
+    shared = set(shared_values(panel))
+    entries = {}
+    for name, row in panel.items():
+        kept = [part for part in _swept_parts(row) if part not in shared]
+        label = ", ".join([row.encoding, *kept]) + (f" + {row.scaling}" if row.scaling else "")
+        entries[name] = name.removesuffix(row.label) + label  # the study's prefix, where names have one
+    return entries
+
+
+def facet_title(panel: Mapping[str, Row], title: str, panels: int) -> str:
+    """A panel's title: `title` itself when it is the figure's only panel, else the encodings it holds;
+    then the swept values all its rows share."""
+    head = title if panels == 1 else ", ".join(dict.fromkeys(row.encoding for row in panel.values()))
+    shared = shared_values(panel)
+    note = "\n" + wrap("every row: " + ", ".join(shared), TITLE_WRAP) if shared else ""
+    return wrap(head, TITLE_WRAP) + note
+
+
+def panel_grid(panels: int, size: tuple[float, float] = PANEL_SIZE) -> tuple[Figure, list[Axes]]:
+    """A figure of `panels` axes, PANEL_COLUMNS to a line, sharing their y axis, each `size` inches with
+    room for its legend; constrained layout."""
+    ncols = min(panels, PANEL_COLUMNS)
+    nrows = math.ceil(panels / ncols)
+    fig = new_figure(size[0] * ncols, size[1] * nrows, layout="constrained")
+    grid = fig.add_gridspec(nrows, ncols)
+    axes = [fig.add_subplot(grid[i // ncols, i % ncols]) for i in range(panels)]
+    for ax in axes[1:]:
+        ax.sharey(axes[0])
+    return fig, axes
+
+
+def wrap(text: str, width: int = LEGEND_WRAP) -> str:
+    """`text` on lines of at most `width` characters where its words allow."""
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+
+
+def legend_right(ax: Axes, **kwargs: Any) -> None:
+    """The axes' legend outside it, to its right, its entries wrapped to LEGEND_WRAP characters."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, [wrap(label) for label in labels], loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  fontsize="small", handlelength=2.5, **kwargs)  # fmt: skip
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Round values in [low, high] for a log axis: the decades, else 1-2-5, else every digit, the first
+    that gives MIN_LOG_TICKS; else evenly spaced round values (a narrow range)."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    for mantissas in LOG_MANTISSAS:
+        ticks = [m * 10.0**e for e in decades for m in mantissas if low <= m * 10.0**e <= high]
+        if len(ticks) >= MIN_LOG_TICKS:
+            return ticks
+    linear = MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high)
+    return [float(t) for t in linear if low <= t <= high]
+
+
+def label_log_axis(axis: Axis) -> None:
+    """Label a log axis at `log_ticks` over its view interval (the ticks shared with its siblings)."""
+    low, high = sorted(axis.get_view_interval())
+    ticks = log_ticks(low, high)
+    axis.set_ticks(ticks, [f"{t:g}" for t in ticks])
+    axis.set_minor_formatter(NullFormatter())
+
+
+def length_axis(ax: Axes, lengths: Sequence[int]) -> None:
+    """A log2 x axis with a labelled tick at each length, no minor ticks."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(lengths), [str(n) for n in lengths])
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def save(fig: Figure | None, path: Path) -> Path | None:
+    """Write the figure as a PNG at `path`; None (and no file) for no figure."""
+    return None if fig is None else save_figure(fig, path)
+
+
+def seed_style(seed: int) -> dict[str, Any]:
+    """How a seed's line is drawn where a panel draws one line per seed of a row: a colour and a line
+    style by seed, so that a seed's line on top of another's (both at 0) leaves the other visible."""
+    return {"color": PALETTE[seed % len(PALETTE)], "linestyle": LINE_STYLES[seed % 4]}

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.figure import Figure
 
+from posab.plots import new_figure, save_figure
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
-from posab.report.styles import encoding_colours, report_figure, save_with_legend
+from posab.report.styles import encoding_colours, legend_right
 
 LR, MULT, SCORE = "train.lr", "encoding.lr_mult", "val_loss"
 
@@ -100,11 +102,12 @@ def grid_lines(chosen: Sequence[Pick], seeds: str = "0,1,2") -> list[str]:
     return lines
 
 
-def plot_tuning(frame: pd.DataFrame, chosen: Sequence[Pick], path: Path) -> Path:
+def tuning_figure(frame: pd.DataFrame, chosen: Sequence[Pick]) -> Figure:
     """Final validation loss against lr (log scale), a line per encoding at lr_mult 1; runs at another
     lr_mult as open squares; each encoding's pick circled."""
     colours = encoding_colours(frame["encoding"])
-    fig, (ax,) = report_figure()
+    fig = new_figure(10.0, 4.5, layout="constrained")
+    ax = fig.add_subplot()
     for pick in chosen:
         runs = frame[frame["encoding"] == pick.encoding].sort_values("lr")
         base = runs[runs["lr_mult"] == 1.0]
@@ -112,7 +115,15 @@ def plot_tuning(frame: pd.DataFrame, chosen: Sequence[Pick], path: Path) -> Path
         ax.plot(base["lr"], base["val_loss"], color=colour, marker="o", markersize=4, label=pick.encoding)
         other = runs[runs["lr_mult"] != 1.0]
         ax.plot(other["lr"], other["val_loss"], color=colour, marker="s", fillstyle="none", linestyle="none")
-        ax.plot([pick.lr], [pick.val_loss], color=colour, marker="o", markersize=11, fillstyle="none")
+        ax.plot(
+            [pick.lr],
+            [pick.val_loss],
+            color=colour,
+            marker="o",
+            markersize=11,
+            fillstyle="none",
+            linestyle="none",
+        )
     legend_only = {"color": "grey", "fillstyle": "none", "linestyle": "none"}
     ax.plot([], [], marker="s", label="encoding.lr_mult ≠ 1", **legend_only)
     ax.plot([], [], marker="o", markersize=11, label="pick", **legend_only)
@@ -123,7 +134,13 @@ def plot_tuning(frame: pd.DataFrame, chosen: Sequence[Pick], path: Path) -> Path
     ax.set_xlabel("train.lr")
     ax.set_ylabel(f"final {SCORE} (nats/token)")
     ax.set_title("Equal tuning: final validation loss against learning rate")
-    return save_with_legend(fig, path, ax)
+    legend_right(ax)
+    return fig
+
+
+def plot_tuning(frame: pd.DataFrame, chosen: Sequence[Pick], path: Path) -> Path:
+    """`tuning_figure` as a PNG at `path`."""
+    return save_figure(tuning_figure(frame, chosen), path)
 
 
 def write_tuning(paths: Sequence[Path], out: Path) -> tuple[Path, list[Pick]]:

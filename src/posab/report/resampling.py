@@ -1,0 +1,165 @@
+"""The tests behind the paired differences and the flat counts: a hierarchical bootstrap with its Monte Carlo
+error, an exact permutation test on the seeds, Holm's correction and Wilson's interval.
+
+- `bootstrap_interval`: arm minus reference in mean per-window loss, with a 95% percentile interval (Efron &
+  Tibshirani 1993, ch. 13) of a hierarchical bootstrap (Davison & Hinkley 1997, §3.8): documents of the
+  evaluation text, windows within each drawn document (the same draws for both rows: the pairing), and
+  each row's seeds, independently. Batches of draws are added until the Monte Carlo error of both interval
+  ends is below a bound, or a cap is reached.
+- `permutation_p`: the seed-level test, on each run's mean loss over the windows (Good 2005).
+- `holm`: Holm's (1979) step-down adjustment of a family of p-values.
+- `wilson_interval`: Wilson's (1927) score interval of a proportion k of n.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Z95 = 1.959963984540054  # the standard normal's 97.5th percentile
+LEVEL = (2.5, 97.5)  # percentiles of the 95% interval
+BATCH = 2000  # bootstrap draws added at a time
+MAX_DRAWS = 64000  # ... up to this many
+MC_BOUND = 0.0005  # nats: the Monte Carlo error below which both interval ends count as settled
+EXACT_SPLITS = 16  # a + b seeds up to which the permutation test enumerates every split (C(16, 8) = 12,870)
+PERMUTATIONS = 20000  # random splits beyond that: Monte Carlo error <= 0.003 at p = 0.05
+TIE = 1e-12  # a split's statistic counts as extreme when >= |observed| - TIE (float noise of the means)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A bootstrap interval of arm minus reference, its draws and the Monte Carlo error of each end."""
+
+    difference: float
+    low: float
+    high: float
+    draws: int
+    mc_error_low: float
+    mc_error_high: float
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+    @property
+    def unstable(self) -> bool:
+        """0 lies within an end ± its Monte Carlo error: more draws could flip `excludes_zero`."""
+        return abs(self.low) < self.mc_error_low or abs(self.high) < self.mc_error_high
+
+
+def window_counts(documents: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
+    """(draws, W) how often each of W windows enters each replicate (Davison & Hinkley 1997, §3.8): the D
+    documents of `documents` (W,) are drawn D times with replacement, then within each drawn document as
+    many windows as it holds, with replacement."""
+    _, index, sizes = np.unique(documents, return_inverse=True, return_counts=True)  # (W,), (D,)
+    order = np.argsort(index, kind="stable")  # window indices grouped by document
+    firsts = np.cumsum(sizes) - sizes  # (D,) where each document's windows start in `order`
+    picks = rng.integers(0, len(sizes), size=(draws, len(sizes))).ravel()  # (draws * D,) drawn documents
+    slot = np.repeat(np.arange(len(picks)), sizes[picks])  # (total,) the drawn document of each window
+    document = picks[slot]  # (total,)
+    position = firsts[document] + (rng.random(len(slot)) * sizes[document]).astype(np.int64)  # uniform in it
+    flat = (slot // len(sizes)) * len(documents) + order[position]  # (total,) index into (draws, W)
+    return np.bincount(flat, minlength=draws * len(documents)).reshape(draws, len(documents))
+
+
+def _seed_weights(seeds: int, draws: int, rng: np.random.Generator) -> np.ndarray:
+    """(draws, seeds) the share of each run in each replicate's seeds, drawn with replacement."""
+    drawn = rng.integers(0, seeds, size=(draws, seeds)) + seeds * np.arange(draws)[:, None]  # (draws, seeds)
+    return np.bincount(drawn.ravel(), minlength=draws * seeds).reshape(draws, seeds) / seeds
+
+
+def replicates(
+    arm: np.ndarray, reference: np.ndarray, documents: np.ndarray, draws: int, rng: np.random.Generator
+) -> np.ndarray:
+    """(draws,) bootstrap replicates of the mean over the drawn windows of (arm's drawn-seed mean minus the
+    reference's), from per-window losses (seeds, W) of two rows that scored the same W windows."""
+    counts = window_counts(documents, draws, rng).astype(np.float64)  # (draws, W)
+    arm_sums = ((counts @ arm.T) * _seed_weights(len(arm), draws, rng)).sum(axis=1)  # (draws, a) -> (draws,)
+    ref_sums = ((counts @ reference.T) * _seed_weights(len(reference), draws, rng)).sum(axis=1)
+    return (arm_sums - ref_sums) / counts.sum(axis=1)
+
+
+def percentile_mc_error(ordered: np.ndarray, percentile: float) -> float:
+    """Monte Carlo error of the `percentile` of sorted bootstrap replicates: half the width of the
+    order-statistic (binomial) 95% confidence interval of that quantile, between the sorted values at ranks
+    n p ± 1.96 sqrt(n p (1 - p)) (Efron & Tibshirani 1993, §19.3)."""
+    n, p = len(ordered), percentile / 100
+    spread = Z95 * math.sqrt(n * p * (1 - p))
+    lo = min(max(math.floor(n * p - spread), 0), n - 1)
+    hi = min(max(math.ceil(n * p + spread), 0), n - 1)
+    return float(ordered[hi] - ordered[lo]) / 2
+
+
+def bootstrap_interval(
+    arm: np.ndarray,
+    reference: np.ndarray,
+    documents: np.ndarray | None = None,
+    bound: float = MC_BOUND,
+    cap: int = MAX_DRAWS,
+) -> Interval:
+    """Arm minus reference in mean loss over seeds and windows, and its 95% percentile interval from
+    `replicates`, drawn BATCH at a time until the Monte Carlo error of both ends is below `bound` or `cap`
+    draws are made. `documents` (W,): the document of each window; None: each window is its own document,
+    which resamples the windows alone. The generator is seeded (`default_rng(0)`): the same losses give the
+    same interval."""
+    rng = np.random.default_rng(0)
+    units = np.arange(arm.shape[1]) if documents is None else np.asarray(documents)
+    ordered = np.empty(0)
+    while True:
+        batch = np.sort(replicates(arm, reference, units, min(BATCH, cap), rng))
+        ordered = np.sort(np.concatenate([ordered, batch]), kind="stable")  # a merge of two sorted runs
+        errors = [percentile_mc_error(ordered, p) for p in LEVEL]
+        if max(errors) < bound or len(ordered) >= cap:
+            break
+    low, high = np.percentile(ordered, LEVEL)
+    difference = float(arm.mean() - reference.mean())
+    return Interval(difference, float(low), float(high), len(ordered), errors[0], errors[1])
+
+
+def permutation_p(arm: Sequence[float], reference: Sequence[float]) -> float:
+    """Two-sided permutation test of the difference in means of two samples (Good 2005, ch. 3), as twice
+    the smaller one-sided p (at most 1). A one-sided p is the share of the splits of the pooled values into
+    groups of their sizes whose difference of means is at least (at most) the observed one. Exact, over
+    every one of the C(a + b, a) splits, for a + b <= EXACT_SPLITS: fully separated samples give
+    2 / C(a + b, a) whatever their values (0.1 at 3 vs 3, 0.2 at 2 vs 3, 1/3 at 2 vs 2), the least there is.
+    Beyond, PERMUTATIONS random splits, each one-sided p = (1 + hits) / (1 + n)."""
+    pooled = np.asarray([*arm, *reference], dtype=np.float64)
+    size, total = len(arm), pooled.sum()
+    observed = pooled[:size].mean() - pooled[size:].mean()
+    exact = len(pooled) <= EXACT_SPLITS
+    if exact:
+        splits = np.array(list(itertools.combinations(range(len(pooled)), size)))  # (C, a)
+    else:
+        rng = np.random.default_rng(0)
+        splits = rng.permuted(np.tile(np.arange(len(pooled)), (PERMUTATIONS, 1)), axis=1)[:, :size]
+    sums = pooled[splits].sum(axis=1)  # (C,)
+    statistics = sums / size - (total - sums) / (len(pooled) - size)  # (C,)
+    hits = min(int((statistics >= observed - TIE).sum()), int((statistics <= observed + TIE).sum()))
+    one_sided = hits / len(splits) if exact else (1 + hits) / (1 + len(splits))
+    return min(1.0, 2 * one_sided)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's (1979) step-down adjusted p-values: the i-th smallest of m becomes the largest of
+    min(1, (m - j + 1) p_(j)) over j <= i; rejecting where adjusted p < alpha controls the family-wise error
+    at alpha."""
+    p = np.asarray(p_values, dtype=np.float64)
+    order = np.argsort(p, kind="stable")
+    scaled = (len(p) - np.arange(len(p))) * p[order]  # (m - j + 1) p_(j), j from 1
+    adjusted = np.empty_like(p)
+    adjusted[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
+    return adjusted.tolist()
+
+
+def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson's (1927) score interval of a proportion of k successes in n trials: centre
+    (k + z²/2) / (n + z²), half-width z / (n + z²) sqrt(k (n - k) / n + z²/4); NaNs for n = 0."""
+    if n == 0:
+        return math.nan, math.nan
+    centre = (k + z * z / 2) / (n + z * z)
+    half = z / (n + z * z) * math.sqrt(k * (n - k) / n + z * z / 4)
+    return max(0.0, centre - half), min(1.0, centre + half)
