@@ -111,6 +111,14 @@ class TokenStream:
         rows = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(1, length + 1)[None, :]  # (B, T)
         return np.asarray(self.document[rows])
 
+    def window_documents(self, starts: np.ndarray, length: int) -> np.ndarray | None:
+        """(N,) the document each window of `length` tokens belongs to: the one holding most of its targets
+        (the lower index on a tie); None when the stream has no document index."""
+        documents = self.target_documents(starts, length)  # (N, L) or None
+        if documents is None:
+            return None
+        return np.asarray([np.bincount(row).argmax() for row in documents.astype(np.int64)], dtype=np.int64)
+
     def fixed_windows(self, length: int, count: int) -> np.ndarray:
         """Starts of `count` non-overlapping windows spread evenly over the split (all if fewer fit)."""
         available = self.windows_available(length)

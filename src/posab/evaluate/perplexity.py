@@ -210,14 +210,10 @@ def per_window(losses: Tensor, windows: int) -> np.ndarray:
 
 
 def window_documents(ctx: EvalContext, windows: np.ndarray, length: int) -> dict[str, np.ndarray]:
-    """{"documents": (N,) the document each window of `length` tokens belongs to: the one that holds most of
-    its targets (the lower index on a tie)}, the unit the report resamples windows within; empty when the
-    split does not record documents."""
-    documents = ctx.valid.target_documents(windows, length)  # (N, L) or None
-    if documents is None:
-        return {}
-    majority = [np.bincount(row).argmax() for row in documents.astype(np.int64)]  # (N,)
-    return {"documents": np.asarray(majority, dtype=np.int64)}
+    """{"documents": each window's document (`TokenStream.window_documents`)}, the unit the report resamples
+    windows within; empty when the split does not record documents."""
+    documents = ctx.valid.window_documents(windows, length)  # (N,) or None
+    return {} if documents is None else {"documents": documents}
 
 
 def document_means(

@@ -7,8 +7,8 @@ A run's windows (`window_starts`, windows of its longest evaluation length) lie 
 `configs/<run>.yaml`) rebuilds that stream (`prepare_data`, from its token cache when there): runs with
 other data settings (anchors on or off, bytes or BPE) get their own stream. The windows are checked against
 the stream (they must be the windows the evaluator picks from it), and each window's document is the
-perplexity evaluator's own (`window_documents`: the one holding most of its targets). runs.csv is written
-again by the report's writer, so that only the new column differs.
+perplexity evaluator's (`TokenStream.window_documents`: the one holding most of its targets). runs.csv is
+written again by the report's writer, so that only the new column differs.
 """
 
 from __future__ import annotations
@@ -19,16 +19,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from types import SimpleNamespace
-from typing import cast
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from posab.data import DataConfig, TokenStream, prepare_data
-from posab.evaluate.context import EvalContext
-from posab.evaluate.perplexity import window_documents
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import load_csv, write_csv
 
@@ -86,8 +82,8 @@ def documents_of(run: RunRecord, stream: TokenStream, length: int) -> list[int]:
             f"run {run.name}: its window_starts are not the {len(starts)} windows of {length} tokens that "
             f"its data config's {stream.split} split gives (a different corpus, tokenizer or length?)"
         )
-    context = cast(EvalContext, SimpleNamespace(valid=stream))  # the rule reads the split alone
-    return [int(d) for d in window_documents(context, starts, length).get("documents", [])]
+    documents = stream.window_documents(starts, length)
+    return [] if documents is None else [int(d) for d in documents]
 
 
 def backfill(folder: Path, root: Path) -> tuple[int, int]:
