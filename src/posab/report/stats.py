@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from posab.keys import key_lengths
+from posab.keys import key_lengths, metric_key
 from posab.report.grouping import Row
 from posab.report.records import RunRecord
 from posab.report.resampling import bootstrap_interval, holm, permutation_p
@@ -182,8 +182,9 @@ def _compare(arm: Row, reference: Row) -> tuple[list[dict[str, Any]], str, np.nd
 
 def _line(arm: Row, reference: Row, metric: str, length: int, documents: np.ndarray | None) -> dict[str, Any]:
     """One comparison: the hierarchical bootstrap interval and the seed-level permutation test."""
-    arm_losses = _losses(arm, f"{metric}/{length}")  # (seeds, W)
-    reference_losses = _losses(reference, f"{metric}/{length}")  # (seeds, W)
+    key = metric_key(metric, length)
+    arm_losses = _losses(arm, key)  # (seeds, W)
+    reference_losses = _losses(reference, key)  # (seeds, W)
     interval = bootstrap_interval(arm_losses, reference_losses, documents)
     return {
         "row": arm.label,
