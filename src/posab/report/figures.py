@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from posab.keys import key_lengths, metric_key, needle_cells, shift_sizes
 from posab.plots import needle_panel, new_figure
 from posab.report.grouping import Row
-from posab.report.records import SEQ_LEN_KEY, SERIES_PREFIX, RunRecord
+from posab.report.records import SEQ_LEN_KEY, RunRecord
 from posab.report.stats import aggregate
 from posab.report.styles import (
     encoding_colours,
@@ -160,11 +160,11 @@ def _longest_series(row: Row) -> tuple[int, np.ndarray] | None:
     """The row's longest evaluated length with a loss-by-position series and its mean over the seeds;
     None for none, and for a RoPE scaling view without one past the training length (up to it, the
     view's series are the unscaled model's)."""
-    lengths = sorted({int(k.removeprefix(SERIES_PREFIX)) for r in row.runs for k in r.series})
+    lengths = key_lengths([k for r in row.runs for k in r.series], "position_loss")
     trained = [int(r.config[SEQ_LEN_KEY]) for r in row.runs if SEQ_LEN_KEY in r.config]
     if not lengths or (row.scaling and lengths[-1] <= max(trained, default=0)):
         return None
-    key = f"{SERIES_PREFIX}{lengths[-1]}"
+    key = metric_key("position_loss", lengths[-1])
     return lengths[-1], np.mean(np.asarray([r.series[key] for r in row.runs if key in r.series]), axis=0)
 
 
