@@ -19,7 +19,10 @@ from posab.evaluate import EvalConfig, run_evaluations, run_evaluator
 from posab.evaluate.context import EvalContext
 from posab.evaluate.perplexity import PerplexityConfig
 from posab.outputs import for_corpus
+from posab.report.document import write_report
 from posab.report.grouping import group_rows
+from posab.report.rundirs import load_run
+from posab.report.runs_csv import load_csv
 
 WIKITEXT = (
     " \n = First = \n \n Text of the first article . \n = = Section = = \n More of it . \n"
@@ -121,6 +124,15 @@ def test_a_run_writes_the_corpus_metrics_and_files(tmp_path: Path) -> None:
     assert results["eval"]["wiki:ppl/256"] > 0 and "wiki:loss_tail/256" in results["eval"]
     saved = np.load(tmp_path / "run" / "wiki.perplexity_windows.npz")
     assert saved["wiki:loss/256"].shape == saved["wiki:documents"].shape
+    run = load_run(tmp_path / "run")  # the report reads the corpus's windows beside the split's
+    assert run.corpus_windows["wiki"].starts == saved["wiki:starts"].tolist()
+    assert run.corpus_windows["wiki"].documents == saved["wiki:documents"].tolist()
+    assert len(run.windows["wiki:loss/256"]) == len(saved["wiki:loss/256"]) and "loss/256" in run.windows
+    report = write_report([run], tmp_path / "report").read_text()
+    headers = [line for line in report.splitlines() if line.startswith("| encoding")]
+    assert any("| wiki ppl@256 |" in line for line in headers)  # the corpus has its own columns
+    (back,) = load_csv(tmp_path / "report" / "runs.csv")
+    assert (back.corpus_windows, back.windows) == (run.corpus_windows, run.windows)
 
 
 def test_runs_with_and_without_a_further_corpus_share_a_row() -> None:

@@ -51,7 +51,7 @@ from torch import Tensor
 from posab.errors import require
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
-from posab.keys import key_lengths, metric_key
+from posab.keys import key_lengths, metric_key, parse_key, parsed
 from posab.outputs import Column, Curves, EvalOutput, Table
 from posab.results import bin_centres, bin_edges
 
@@ -371,4 +371,23 @@ class Perplexity(Evaluator[PerplexityConfig]):
                 for n in key_lengths(keys, "bpb")
                 if n in ends
             ),
+            *(column for corpus in corpus_names(keys) for column in corpus_columns(keys, corpus)),
         ]
+
+
+def corpus_names(keys: Collection[str]) -> list[str]:
+    """The evaluation corpora (`eval.corpora`) that `keys` hold perplexities of, by name."""
+    return sorted({k.corpus for k in parsed(keys) if k.corpus and k.metric == "ppl"})
+
+
+def corpus_columns(keys: Collection[str], corpus: str) -> list[Column]:
+    """ppl at every length and the tail perplexity at the longest, on one evaluation corpus."""
+    ppl = [metric_key("ppl", n, corpus=corpus) for n in key_lengths(keys, "ppl", corpus=corpus)]
+    tail = [metric_key("ppl_tail", n, corpus=corpus) for n in key_lengths(keys, "ppl_tail", corpus=corpus)]
+    return [
+        Column(
+            f"{corpus} {name}@{parse_key(key).length}", key, ".2f", f"{what} on the corpus {corpus} (`{key}`)"
+        )
+        for name, what, chosen in (("ppl", "ppl", ppl), ("tail", "tail perplexity", tail[-1:]))
+        for key in chosen
+    ]

@@ -7,11 +7,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from posab.report.claims import read_claims
 from posab.report.document import write_report
 from posab.report.records import ReportError, RunRecord
 from posab.report.rundirs import find_runs, load_run, run_names
 from posab.report.runs_csv import load_csv
-from posab.report.stats import PAIRED_REFERENCES
+from posab.report.stats import PAIRED_METRICS, PAIRED_REFERENCES
 
 
 def collect_runs(paths: Sequence[Path]) -> list[RunRecord]:
@@ -48,10 +49,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="rows every other row is compared with in the paired differences: a row label (as in the "
         "table) or an encoding with one row in the study (default: %(default)s)",
     )
+    parser.add_argument(
+        "--claims",
+        type=Path,
+        metavar="CSV",
+        help="the comparisons the study's reading claims (row,reference,metric,length[,corpus][,study]), "
+        "Holm-corrected as a family of their own (posab.report.claims)",
+    )
     args = parser.parse_args(argv)
     try:
+        claims = read_claims(args.claims, PAIRED_METRICS) if args.claims else []
         runs = collect_runs(args.paths)
-        report = write_report(runs, args.out, args.references)
+        report = write_report(runs, args.out, args.references, claims)
     except ReportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

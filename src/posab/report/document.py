@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from posab.report.claims import CLAIMS_FAMILY, Claim
 from posab.report.curves import plot_training_curves, trained_rows
 from posab.report.figures import plot_needle, plot_position_loss, plot_ppl_vs_length, plot_shift
 from posab.report.flat import flat_section
@@ -75,8 +76,10 @@ PAIRED_LEGEND = (
     "a + b runs into groups of a and b whose difference of means is at least (at most) the observed one "
     f"(above {EXACT_SPLITS} runs: {PERMUTATIONS:,} random splits, Monte Carlo error <= 0.003 at p = 0.05). "
     "In parentheses, Holm's (1979) adjustment over the family of comparisons with the same reference, in the "
-    "same metric, at the same length (every row of the study compared with it). Fully separated seeds give "
-    "the smallest p there is: 2 / C(a + b, a), 0.1 at 3 vs 3, 0.2 at 2 vs 3, 1/3 at 2 vs 2, 1 at 1 vs 1",
+    "same metric, at the same length, on the same corpus (every row of the study compared with it); `claim`: "
+    "a comparison the claims file (`--claims`) names, adjusted over those claims alone "
+    "(`posab.report.claims`). Fully separated seeds give the smallest p there is: 2 / C(a + b, a), "
+    "0.1 at 3 vs 3, 0.2 at 2 vs 3, 1/3 at 2 vs 2, 1 at 1 vs 1",
     f"verdict: `{ORDERED}` when the interval excludes 0 (and is not unstable) and the Holm-adjusted p < "
     f"{ALPHA}; `{SUGGESTIVE}` when one of the two holds; `{INDISTINGUISHABLE}` when neither does",
     f"`{PAIRED_CSV}`: every comparison, with the seeds of each row, the numbers of windows and documents, "
@@ -201,7 +204,8 @@ def _paired_cells(line: pd.Series | None) -> list[str]:
         return [MISSING] * 5
     interval = f"[{line['low']:+.3f}, {line['high']:+.3f}]"
     excludes = ("yes" if line["excludes_zero"] else "no") + (" (unstable)" if line["unstable"] else "")
-    p_values = f"{line['p_seeds']:.3f} ({line['p_holm']:.3f})"
+    claim = ", claim" if line["family"] == CLAIMS_FAMILY else ""
+    p_values = f"{line['p_seeds']:.3f} ({line['p_holm']:.3f}{claim})"
     return [f"{line['difference']:+.3f}", interval, excludes, p_values, str(line["verdict"])]
 
 
@@ -237,7 +241,14 @@ def _paired_section(study: str, paired: PairedDifferences, references: Sequence[
     if not frame.empty:
         legend = [_reference_legend(references), *PAIRED_LEGEND]
         lines += [*_resampled(frame, paired.windows_only.get(study, [])), ""]
-        lines += [*paired_table(frame), "", "Legend:", "", *(f"- {item}" for item in legend), ""]
+        for corpus, on_corpus in frame.groupby("corpus", sort=False):
+            if corpus:
+                lines += [
+                    f"On the evaluation corpus `{corpus}` (`eval.corpora`; the runs that scored it):",
+                    "",
+                ]
+            lines += [*paired_table(on_corpus), ""]
+        lines += ["Legend:", "", *(f"- {item}" for item in legend), ""]
     if notes:
         lines += ["Not compared:", "", *(f"- {note}" for note in notes), ""]
     return lines
@@ -320,16 +331,20 @@ def _files_section(runs: Sequence[RunRecord], missing_configs: Sequence[str], ha
 
 
 def write_report(
-    runs: Sequence[RunRecord], out_dir: Path, references: Sequence[str] = PAIRED_REFERENCES
+    runs: Sequence[RunRecord],
+    out_dir: Path,
+    references: Sequence[str] = PAIRED_REFERENCES,
+    claims: Sequence[Claim] = (),
 ) -> Path:
     """Write report.md, runs.csv, paired_differences.csv (where there are paired differences against the
-    `references` rows), the plots and configs/ into `out_dir`; returns the report.md path."""
+    `references` rows; `claims` corrected as a family of their own), the plots and configs/ into
+    `out_dir`; returns the report.md path."""
     table = group_rows(runs)
     _check_references(table, references)
+    paired = paired_differences(table, references, claims)  # a claim that names nothing: before any write
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = [r for r in runs if not r.finished]
     lines = _provenance(runs, len(failed))
-    paired = paired_differences(table, references)
     for study, rows in table.items():
         section = [*flat_section(study, rows), *_paired_section(study, paired, references)]
         lines += [f"## Study `{study}`", "", *study_table(rows), "", *section]

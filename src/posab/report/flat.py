@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from posab.keys import key_lengths, metric_key
+from posab.keys import key_lengths, metric_key, parsed
 from posab.report.grouping import Row
 from posab.report.markdown import MISSING, markdown_table
 from posab.report.records import SEQ_LEN_KEY, RunRecord
@@ -39,6 +39,7 @@ class FlatCount:
     train_len: int
     lengths: list[int]  # the evaluated lengths above train_len, ascending
     flat: dict[str, bool]  # run name -> flat, for the runs with a perplexity at train_len and every length
+    corpus: str | None = None  # the evaluation corpus (`eval.corpora`) of the perplexities; None: eval.split
 
     @property
     def k(self) -> int:
@@ -59,31 +60,40 @@ class FlatCount:
         return 0 < self.k < self.n
 
 
-def is_flat(run: RunRecord, train_len: int, lengths: Sequence[int]) -> bool | None:
-    """Whether ppl/L <= FLAT_RATIO x ppl/train_len at every one of `lengths`; None when one is missing."""
-    keys = [metric_key("ppl", n) for n in (train_len, *lengths)]
+def is_flat(run: RunRecord, train_len: int, lengths: Sequence[int], corpus: str | None = None) -> bool | None:
+    """Whether ppl/L <= FLAT_RATIO x ppl/train_len at every one of `lengths` (on `corpus`); None when one
+    is missing."""
+    keys = [metric_key("ppl", n, corpus=corpus) for n in (train_len, *lengths)]
     if not all(k in run.metrics for k in keys):
         return None
     base = run.metrics[keys[0]]
     return all(run.metrics[k] <= FLAT_RATIO * base for k in keys[1:])
 
 
-def flat_count(row: Row) -> FlatCount | None:
-    """The row's count, or None when its runs have no training length or no perplexity past it."""
+def flat_count(row: Row, corpus: str | None = None) -> FlatCount | None:
+    """The row's count on `corpus` (None: eval.split), or None when its runs have no training length or no
+    perplexity past it there."""
     if not row.runs or SEQ_LEN_KEY not in row.runs[0].config:
         return None
     train_len = int(row.runs[0].config[SEQ_LEN_KEY])
-    lengths = sorted({n for r in row.runs for n in key_lengths(r.metrics, "ppl") if n > train_len})
+    found = {n for r in row.runs for n in key_lengths(r.metrics, "ppl", corpus=corpus)}
+    lengths = sorted(n for n in found if n > train_len)
     if not lengths:
         return None
-    judged = {r.name: is_flat(r, train_len, lengths) for r in row.runs}
-    return FlatCount(row, train_len, lengths, {k: v for k, v in judged.items() if v is not None})
+    judged = {r.name: is_flat(r, train_len, lengths, corpus) for r in row.runs}
+    return FlatCount(row, train_len, lengths, {k: v for k, v in judged.items() if v is not None}, corpus)
 
 
-def flat_counts(rows: Sequence[Row]) -> list[FlatCount]:
-    """The count of every row of a study that has perplexities past its training length, in row order."""
-    counts = [flat_count(row) for row in rows]
+def flat_counts(rows: Sequence[Row], corpus: str | None = None) -> list[FlatCount]:
+    """The count of every row of a study that has perplexities past its training length (on `corpus`), in
+    row order."""
+    counts = [flat_count(row, corpus) for row in rows]
     return [c for c in counts if c is not None and c.n]
+
+
+def corpora(rows: Sequence[Row]) -> list[str]:
+    """The evaluation corpora (`eval.corpora`) some run of the rows has perplexities on, by name."""
+    return sorted({k.corpus for row in rows for r in row.runs for k in parsed(r.metrics) if k.corpus})
 
 
 def seeds_in_order(row: Row) -> list[RunRecord]:
@@ -92,9 +102,16 @@ def seeds_in_order(row: Row) -> list[RunRecord]:
 
 
 def flat_section(study: str, rows: Sequence[Row]) -> list[str]:
-    """The study's flat counts as a Markdown section: one line per row, then a per-seed table of each row
-    whose runs disagree; none for a study without perplexities past the training length."""
-    counts = flat_counts(rows)
+    """The study's flat counts as a Markdown section, on eval.split and then on each evaluation corpus: one
+    line per row, then a per-seed table of each row whose runs disagree; none for a study without
+    perplexities past the training length."""
+    lines = []
+    for corpus in (None, *corpora(rows)):
+        lines += _flat_tables(study, flat_counts(rows, corpus), corpus)
+    return [*lines, "Legend:", "", *(f"- {item}" for item in FLAT_LEGEND), ""] if lines else []
+
+
+def _flat_tables(study: str, counts: Sequence[FlatCount], corpus: str | None) -> list[str]:
     if not counts:
         return []
     body = [
@@ -102,11 +119,12 @@ def flat_section(study: str, rows: Sequence[Row]) -> list[str]:
         for c in counts
     ]
     header = ["encoding, swept values", "lengths", "flat", "Wilson 95%", "per seed"]
-    lines = [f"### Extrapolation: flat in k of n (study {study})", "", *markdown_table(header, body), ""]
+    on = f" on `{corpus}` (the runs that scored it)" if corpus else ""
+    lines = [f"### Extrapolation: flat in k of n (study {study}){on}", "", *markdown_table(header, body), ""]
     for count in (c for c in counts if c.disagree):
-        lines += [f"`{count.row.label}`: flat in {count.k} of {count.n} runs; each seed:", ""]
+        lines += [f"`{count.row.label}`: flat in {count.k} of {count.n} runs{on}; each seed:", ""]
         lines += [*seed_table(count), ""]
-    return [*lines, "Legend:", "", *(f"- {item}" for item in FLAT_LEGEND), ""]
+    return lines
 
 
 def _span(count: FlatCount) -> str:
@@ -131,7 +149,7 @@ def _seed(run: RunRecord) -> str:
 def seed_table(count: FlatCount) -> list[str]:
     """One line per run of the row: its seed, its perplexity at T and at each longer length, flat or not."""
     lengths = [count.train_len, *count.lengths]
-    keys = [metric_key("ppl", n) for n in lengths]
+    keys = [metric_key("ppl", n, corpus=count.corpus) for n in lengths]
     body = [
         [_seed(r), *(f"{r.metrics[k]:.2f}" if k in r.metrics else MISSING for k in keys)]
         + [("yes" if count.flat[r.name] else "no") if r.name in count.flat else MISSING]

@@ -36,6 +36,9 @@ WINDOWS_PREFIX = "windows:"  # runs.csv: `windows:loss/512` holds that key's per
 WINDOW_STARTS_COLUMN = "window_starts"  # runs.csv: the windows' start offsets as JSON
 WINDOW_DOCUMENTS_KEY = "documents"  # the array of WINDOWS_FILE with each window's document (newer runs)
 WINDOW_DOCUMENTS_COLUMN = "window_documents"  # runs.csv: each window's document as JSON
+# An evaluation corpus NAME (`eval.corpora`) has its own windows: the file NAME.perplexity_windows.npz, whose
+# arrays are keyed `NAME:loss/512`, `NAME:starts`, `NAME:documents`; runs.csv columns
+# `windows:NAME:loss/512`, `NAME:window_starts`, `NAME:window_documents`.
 STAGE_PREFIX = "passkey_stage/"  # the passkey stage's scalars (`passkey_stage/time_s`) and curves
 STAGE_KEY_LOSS = STAGE_PREFIX + "key_loss"  # curve: (stage step, train/needle_loss) from metrics.jsonl
 STAGE_PROBES = STAGE_PREFIX + "probes"  # curve: (stage step, greedy accuracy on the probe examples)
@@ -45,6 +48,14 @@ CURVE_PREFIX = "curve:"  # runs.csv: `curve:passkey_stage/key_loss` holds that c
 
 class ReportError(Exception):
     """Nothing to report on, or inputs that cannot be combined; the message names the path."""
+
+
+@dataclass(frozen=True)
+class CorpusWindows:
+    """Where the windows of one evaluation corpus (`eval.corpora`) lie: their starts and documents."""
+
+    starts: list[int]
+    documents: list[int]  # empty: not recorded
 
 
 @dataclass
@@ -66,6 +77,8 @@ class RunRecord:
     windows: dict[str, list[float]] = field(default_factory=dict)  # "loss/512" -> mean loss of each window
     window_starts: list[int] = field(default_factory=list)  # start offset of each of those windows
     window_documents: list[int] = field(default_factory=list)  # the document of each (most of its targets)
+    # each evaluation corpus's windows (their losses are in `windows` as `NAME:loss/512`)
+    corpus_windows: dict[str, CorpusWindows] = field(default_factory=dict)
     stage_curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # STAGE_KEY_LOSS, ...
 
     @property

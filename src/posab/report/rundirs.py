@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
+from posab.keys import CORPUS_SEPARATOR
 from posab.paths import encoding_options
 from posab.report.records import (
     PROVENANCE_KEYS,
@@ -30,6 +31,7 @@ from posab.report.records import (
     WINDOW_DOCUMENTS_KEY,
     WINDOW_STARTS_KEY,
     WINDOWS_FILE,
+    CorpusWindows,
     ReportError,
     RunRecord,
     natural_key,
@@ -89,6 +91,11 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
     seed = results.get("seed", config.get("seed"))
     group = config.get("logger.group", "null")
     windows, starts, documents = read_windows(path / WINDOWS_FILE)
+    corpus_windows = {}
+    for corpus, file in corpus_window_files(path).items():
+        losses, corpus_starts, corpus_documents = read_windows(file, corpus)
+        windows |= losses
+        corpus_windows[corpus] = CorpusWindows(corpus_starts, corpus_documents)
     stage_metrics, stage_curves = _stage(results, path / "metrics.jsonl")
     return RunRecord(
         name=name or path.name,
@@ -106,6 +113,7 @@ def load_run(path: Path, name: str | None = None) -> RunRecord:
         windows=windows,
         window_starts=starts,
         window_documents=documents,
+        corpus_windows=corpus_windows,
         stage_curves=stage_curves,
     )
 
@@ -203,23 +211,35 @@ def _stage(
     return metrics, curves
 
 
-def read_windows(path: Path) -> tuple[dict[str, list[float]], list[int], list[int]]:
-    """The per-window mean losses of a run's perplexity_windows.npz by key (`loss/512`, `loss_tail/1024`),
-    the windows' start offsets and each window's document (empty in files written before the evaluator
-    recorded them); all empty without the file.
+def corpus_window_files(path: Path) -> dict[str, Path]:
+    """The per-window files of a run directory's evaluation corpora by corpus name
+    (`wikitext2.perplexity_windows.npz` -> "wikitext2")."""
+    suffix = f".{WINDOWS_FILE}"
+    return {file.name.removesuffix(suffix): file for file in sorted(path.glob(f"*{suffix}"))}
+
+
+def read_windows(
+    path: Path, corpus: str | None = None
+) -> tuple[dict[str, list[float]], list[int], list[int]]:
+    """The per-window mean losses of a run's perplexity_windows.npz by key (`loss/512`, `loss_tail/1024`;
+    `NAME:loss/512` in the file of the evaluation corpus `corpus`), the windows' start offsets and each
+    window's document (empty in files written before the evaluator recorded them); all empty without the
+    file.
 
     Each loss is rounded to 7 significant digits (about what its float32 holds), so that the run read from
     its directory and the same run read back from runs.csv hold identical numbers."""
     if not path.is_file():
         return {}, [], []
+    prefix = "" if corpus is None else f"{corpus}{CORPUS_SEPARATOR}"
+    starts_key, documents_key = prefix + WINDOW_STARTS_KEY, prefix + WINDOW_DOCUMENTS_KEY
     with np.load(path) as arrays:
         windows = {
             key: [float(f"{v:.7g}") for v in arrays[key].tolist()]
             for key in arrays.files
-            if key not in (WINDOW_STARTS_KEY, WINDOW_DOCUMENTS_KEY)
+            if key not in (starts_key, documents_key)
         }
-        documents = arrays[WINDOW_DOCUMENTS_KEY].tolist() if WINDOW_DOCUMENTS_KEY in arrays.files else []
-        return windows, [int(s) for s in arrays[WINDOW_STARTS_KEY].tolist()], [int(d) for d in documents]
+        documents = arrays[documents_key].tolist() if documents_key in arrays.files else []
+        return windows, [int(s) for s in arrays[starts_key].tolist()], [int(d) for d in documents]
 
 
 @cache

@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from posab.keys import CORPUS_SEPARATOR
 from posab.report.grouping import MEASUREMENT_SWITCHES, mixed_precision, run_label, study_keys
 from posab.report.records import (
     CONFIG_PREFIX,
@@ -23,6 +24,7 @@ from posab.report.records import (
     WINDOW_DOCUMENTS_COLUMN,
     WINDOW_STARTS_COLUMN,
     WINDOWS_PREFIX,
+    CorpusWindows,
     RunRecord,
     natural_key,
 )
@@ -56,6 +58,7 @@ def write_csv(runs: Sequence[RunRecord], path: Path) -> Path:
         *(WINDOWS_PREFIX + k for k in window_keys),
         *([WINDOW_STARTS_COLUMN] if any(r.window_starts for r in runs) else []),
         *([WINDOW_DOCUMENTS_COLUMN] if any(r.window_documents for r in runs) else []),
+        *_corpus_window_columns(runs),
         *(CURVE_PREFIX + k for k in curve_keys),
     ]
     mixed = mixed_precision(runs)
@@ -63,6 +66,35 @@ def write_csv(runs: Sequence[RunRecord], path: Path) -> Path:
     frame = pd.DataFrame(cells, columns=columns)
     frame.to_csv(path, index=False, lineterminator=LINE_END, encoding="utf-8")
     return path
+
+
+def corpus_column(corpus: str, column: str) -> str:
+    """The runs.csv column of a corpus's window starts or documents (`wikitext2:window_starts`)."""
+    return f"{corpus}{CORPUS_SEPARATOR}{column}"
+
+
+def _corpus_window_columns(runs: Sequence[RunRecord]) -> list[str]:
+    """The window starts and (where recorded) documents columns of every evaluation corpus, by corpus."""
+    columns = []
+    for corpus in sorted({c for r in runs for c in r.corpus_windows}, key=natural_key):
+        places = [r.corpus_windows[corpus] for r in runs if corpus in r.corpus_windows]
+        columns.append(corpus_column(corpus, WINDOW_STARTS_COLUMN))
+        if any(p.documents for p in places):
+            columns.append(corpus_column(corpus, WINDOW_DOCUMENTS_COLUMN))
+    return columns
+
+
+def _corpus_windows(filled: dict[str, str]) -> dict[str, CorpusWindows]:
+    """Each evaluation corpus's window starts and documents from a runs.csv row's filled cells."""
+    suffix = f"{CORPUS_SEPARATOR}{WINDOW_STARTS_COLUMN}"
+    corpora = [k.removesuffix(suffix) for k in filled if k.endswith(suffix)]
+    return {
+        corpus: CorpusWindows(
+            [int(s) for s in json.loads(filled[corpus_column(corpus, WINDOW_STARTS_COLUMN)])],
+            [int(d) for d in json.loads(filled.get(corpus_column(corpus, WINDOW_DOCUMENTS_COLUMN), "[]"))],
+        )
+        for corpus in corpora
+    }
 
 
 def _csv_cells(run: RunRecord, label: str) -> dict[str, Any]:
@@ -80,6 +112,10 @@ def _csv_cells(run: RunRecord, label: str) -> dict[str, Any]:
         cells[WINDOW_STARTS_COLUMN] = json.dumps(run.window_starts)
     if run.window_documents:
         cells[WINDOW_DOCUMENTS_COLUMN] = json.dumps(run.window_documents)
+    for corpus, places in run.corpus_windows.items():
+        cells[corpus_column(corpus, WINDOW_STARTS_COLUMN)] = json.dumps(places.starts)
+        if places.documents:
+            cells[corpus_column(corpus, WINDOW_DOCUMENTS_COLUMN)] = json.dumps(places.documents)
     cells |= {CURVE_PREFIX + k: json.dumps(v) for k, v in run.stage_curves.items()}
     return cells
 
@@ -99,7 +135,10 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
     series = {k: json.loads(v) for k, v in filled.items() if k.startswith(SERIES_PREFIX)}
     windows = {k: json.loads(v) for k, v in filled.items() if k.startswith(WINDOWS_PREFIX)}
     curves = {k: json.loads(v) for k, v in filled.items() if k.startswith(CURVE_PREFIX)}
-    lists = (VAL_CURVE_COLUMN, WINDOW_STARTS_COLUMN, WINDOW_DOCUMENTS_COLUMN)
+    corpus_windows = _corpus_windows(filled)
+    per_window = (WINDOW_STARTS_COLUMN, WINDOW_DOCUMENTS_COLUMN)
+    corpus_lists = [corpus_column(corpus, column) for corpus in corpus_windows for column in per_window]
+    lists = (VAL_CURVE_COLUMN, WINDOW_STARTS_COLUMN, WINDOW_DOCUMENTS_COLUMN, *corpus_lists)
     not_metrics = {*INFO_COLUMNS, *series, *windows, *curves, *lists}
     metrics = {
         k: float(v) for k, v in filled.items() if k not in not_metrics and not k.startswith(CONFIG_PREFIX)
@@ -124,6 +163,7 @@ def _record(row: dict[str, str], configs: Path) -> RunRecord:
         windows={k.removeprefix(WINDOWS_PREFIX): [float(v) for v in values] for k, values in windows.items()},
         window_starts=[int(s) for s in json.loads(filled.get(WINDOW_STARTS_COLUMN, "[]"))],
         window_documents=[int(d) for d in json.loads(filled.get(WINDOW_DOCUMENTS_COLUMN, "[]"))],
+        corpus_windows=corpus_windows,
         stage_curves={
             k.removeprefix(CURVE_PREFIX): [(int(step), float(v)) for step, v in points]
             for k, points in curves.items()

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from posab.keys import key_lengths, metric_key
+from posab.report.claims import CLAIMS_FAMILY, Claim, claim_mask
 from posab.report.grouping import Row
 from posab.report.records import RunRecord
 from posab.report.resampling import bootstrap_interval, holm, permutation_p
@@ -36,10 +37,13 @@ BAND_STATISTICS = ("mean", "min", "max")
 PAIRED_REFERENCES = ("nope", "alibi")  # the default rows every other row is compared with (`reference_rows`)
 PAIRED_METRICS = ("loss", "loss_tail")  # compared per-window keys: `loss/L`, `loss_tail/L` (L > training)
 ALPHA = 0.05  # the level of the seed-level test, Holm-adjusted
-FAMILY = ("study", "reference", "metric", "length")  # one Holm family: the rows compared with one reference
+# one Holm family (the `family` column within a study): the rows compared with one reference in one metric
+# at one length on one corpus, except the comparisons a claims file names, which form their own (`claims`)
+FAMILY = ("study", "family")
 ORDERED, SUGGESTIVE, INDISTINGUISHABLE = "ordered", "suggestive", "indistinguishable"
 PAIRED_COLUMNS = (
     "study",
+    "corpus",  # the evaluation corpus (`eval.corpora`) whose windows were compared; "": `eval.split`
     "row",
     "reference",
     "length",
@@ -57,6 +61,7 @@ PAIRED_COLUMNS = (
     "mc_error_low",  # Monte Carlo error of `low`, nats
     "mc_error_high",
     "p_seeds",  # exact two-sided permutation test on the per-seed means
+    "family",  # its Holm family: CLAIMS_FAMILY, or `REFERENCE | METRIC/LENGTH` (` | CORPUS`)
     "p_holm",  # p_seeds Holm-adjusted within its FAMILY
     "verdict",  # ORDERED, SUGGESTIVE or INDISTINGUISHABLE (`verdict`)
 )
@@ -101,14 +106,18 @@ class PairedDifferences:
 
 
 def paired_differences(
-    table: Mapping[str, Sequence[Row]], references: Sequence[str] = PAIRED_REFERENCES
+    table: Mapping[str, Sequence[Row]],
+    references: Sequence[str] = PAIRED_REFERENCES,
+    claims: Sequence[Claim] = (),
 ) -> PairedDifferences:
     """Every row of each study whose runs have per-window losses against each reference row of the study
-    (`references` that it has), at every length and PAIRED_METRICS key all their runs have, with the
-    Holm-adjusted p-values and verdicts (`with_verdicts`).
+    (`references` that it has), at every length and PAIRED_METRICS key all their runs have, on `eval.split`
+    and on each evaluation corpus both rows have runs on, with the Holm-adjusted p-values and verdicts
+    (`with_verdicts`; `claims` form a family of their own).
 
     A reference is not compared with itself; rows of a RoPE scaling view are no arm. A pair whose runs
-    lack per-window losses or scored different windows is not compared: a note says so."""
+    lack per-window losses or scored different windows is not compared: a note says so. On an evaluation
+    corpus, each row's runs that scored it are compared (earlier seeds may not have)."""
     lines: list[dict[str, Any]] = []
     paired = PairedDifferences(pd.DataFrame(), {}, {})
     for study, rows in table.items():
@@ -116,22 +125,44 @@ def paired_differences(
             continue
         found = reference_rows(rows, references)
         for arm in (row for row in rows if not row.scaling):
-            for reference in (r for r in found if r is not arm):
-                compared, note, documents = _compare(arm, reference)
+            for reference, corpus in _pairs(arm, found):
+                compared, note, documents = _compare(arm, reference, corpus)
                 lines += [{"study": study, **line} for line in compared]
+                pair = f"`{arm.label}` vs `{reference.label}`" + (f" on {corpus}" if corpus else "")
                 if note:
-                    paired.notes.setdefault(study, []).append(note)
+                    paired.notes.setdefault(study, []).append(f"{pair}: {note}")
                 elif documents is None:
-                    paired.windows_only.setdefault(study, []).append(f"`{arm.label}` vs `{reference.label}`")
-    paired.frame = with_verdicts(pd.DataFrame(lines, columns=list(PAIRED_COLUMNS)))
+                    paired.windows_only.setdefault(study, []).append(pair)
+    paired.frame = with_verdicts(pd.DataFrame(lines, columns=list(PAIRED_COLUMNS)), claims)
     return paired
 
 
-def with_verdicts(frame: pd.DataFrame) -> pd.DataFrame:
-    """The comparisons with `p_holm` (Holm 1979, within each FAMILY: the rows compared with one reference
-    in one metric at one length) and `verdict`; `documents` as integers (empty where none)."""
+def _pairs(arm: Row, references: Sequence[Row]) -> list[tuple[Row, str]]:
+    """(reference, corpus) of each comparison of `arm`: every reference but itself, on `eval.split` ("") and
+    on each evaluation corpus that runs of both rows scored."""
+
+    def corpora(row: Row) -> set[str]:
+        return {c for r in row.runs for c in r.corpus_windows}
+
+    return [
+        (reference, corpus)
+        for reference in references
+        if reference is not arm
+        for corpus in ["", *sorted(corpora(arm) & corpora(reference))]
+    ]
+
+
+def with_verdicts(frame: pd.DataFrame, claims: Sequence[Claim] = ()) -> pd.DataFrame:
+    """The comparisons with their `family`, `p_holm` (Holm 1979, within each FAMILY) and `verdict`;
+    `documents` as integers (empty where none)."""
     frame = frame.copy()
     frame["documents"] = frame["documents"].astype("Int64")
+    exploratory = [
+        f"{line.reference} | {line.metric}/{line.length}" + (f" | {line.corpus}" if line.corpus else "")
+        for line in frame.itertuples()
+    ]
+    claimed = claim_mask(frame, claims) if claims else pd.Series(False, index=frame.index)
+    frame["family"] = [CLAIMS_FAMILY if hit else name for hit, name in zip(claimed, exploratory, strict=True)]
     for _, index in frame.groupby(list(FAMILY), sort=False).groups.items():
         frame.loc[index, "p_holm"] = holm(frame.loc[index, "p_seeds"].tolist())
     frame["p_holm"] = frame["p_holm"].astype("float64")
@@ -161,32 +192,57 @@ def reference_rows(rows: Sequence[Row], references: Sequence[str] = PAIRED_REFER
     return found
 
 
-def _compare(arm: Row, reference: Row) -> tuple[list[dict[str, Any]], str, np.ndarray | None]:
-    """The lines of one pair of rows (all but the study, p_holm and verdict) and the documents their windows
-    were resampled within (None: windows alone), or no lines and the reason why."""
-    runs = [*arm.runs, *reference.runs]
-    pair = f"`{arm.label}` vs `{reference.label}`"
+@dataclass(frozen=True)
+class _Side:
+    """One row of a comparison: its label and the runs compared (those that scored the corpus)."""
+
+    label: str
+    runs: list[RunRecord]
+
+
+def _places(run: RunRecord, corpus: str) -> tuple[list[int], list[int]]:
+    """The starts and documents of a run's windows on `corpus` ("": `eval.split`)."""
+    if not corpus:
+        return run.window_starts, run.window_documents
+    return run.corpus_windows[corpus].starts, run.corpus_windows[corpus].documents
+
+
+def _compare(
+    arm: Row, reference: Row, corpus: str = ""
+) -> tuple[list[dict[str, Any]], str, np.ndarray | None]:
+    """The lines of one pair of rows on `corpus` (all but the study, family, p_holm and verdict) and the
+    documents their windows were resampled within (None: windows alone), or no lines and the reason why."""
+    sides = [
+        _Side(row.label, [r for r in row.runs if not corpus or corpus in r.corpus_windows])
+        for row in (arm, reference)
+    ]
+    runs = [*sides[0].runs, *sides[1].runs]
     lacking = [r.name for r in runs if not r.windows]
     if lacking:
-        return [], f"{pair}: no per-window losses (`perplexity_windows.npz`) for {', '.join(lacking)}", None
-    if len({tuple(r.window_starts) for r in runs}) > 1:
-        return [], f"{pair}: their runs scored different windows (`window_starts` differ), no pairing", None
-    if len({tuple(r.window_documents) for r in runs if r.window_documents}) > 1:
-        return [], f"{pair}: their runs place the windows in different documents (`window_documents`)", None
-    keys = _common_keys(runs)
+        return [], f"no per-window losses (`perplexity_windows.npz`) for {', '.join(lacking)}", None
+    places = [_places(r, corpus) for r in runs]
+    if len({tuple(starts) for starts, _ in places}) > 1:
+        return [], "their runs scored different windows (`window_starts` differ), no pairing", None
+    if len({tuple(documents) for _, documents in places if documents}) > 1:
+        return [], "their runs place the windows in different documents (`window_documents`)", None
+    keys = _common_keys(runs, corpus)
     if not keys:
-        return [], f"{pair}: no `loss/L` that every run of both rows has", None
-    documents = np.array(runs[0].window_documents) if all(r.window_documents for r in runs) else None
-    return [_line(arm, reference, metric, length, documents) for metric, length in keys], "", documents
+        return [], "no `loss/L` that every run of both rows has", None
+    documents = np.array(places[0][1]) if all(d for _, d in places) else None
+    lines = [_line(*sides, metric, length, corpus, documents) for metric, length in keys]
+    return lines, "", documents
 
 
-def _line(arm: Row, reference: Row, metric: str, length: int, documents: np.ndarray | None) -> dict[str, Any]:
+def _line(
+    arm: _Side, reference: _Side, metric: str, length: int, corpus: str, documents: np.ndarray | None
+) -> dict[str, Any]:
     """One comparison: the hierarchical bootstrap interval and the seed-level permutation test."""
-    key = metric_key(metric, length)
+    key = metric_key(metric, length, corpus=corpus or None)
     arm_losses = _losses(arm, key)  # (seeds, W)
     reference_losses = _losses(reference, key)  # (seeds, W)
     interval = bootstrap_interval(arm_losses, reference_losses, documents)
     return {
+        "corpus": corpus,
         "row": arm.label,
         "reference": reference.label,
         "length": length,
@@ -207,13 +263,14 @@ def _line(arm: Row, reference: Row, metric: str, length: int, documents: np.ndar
     }
 
 
-def _common_keys(runs: Sequence[RunRecord]) -> list[tuple[str, int]]:
-    """(metric, length) of each PAIRED_METRICS key every run has, by length, then in PAIRED_METRICS order."""
+def _common_keys(runs: Sequence[RunRecord], corpus: str) -> list[tuple[str, int]]:
+    """(metric, length) of each PAIRED_METRICS key on `corpus` every run has, by length, then in
+    PAIRED_METRICS order."""
     common = set.intersection(*(set(r.windows) for r in runs))
-    keys = [(metric, n) for metric in PAIRED_METRICS for n in key_lengths(common, metric)]
+    keys = [(m, n) for m in PAIRED_METRICS for n in key_lengths(common, m, corpus=corpus or None)]
     return sorted(keys, key=lambda key: (key[1], PAIRED_METRICS.index(key[0])))
 
 
-def _losses(row: Row, key: str) -> np.ndarray:
+def _losses(row: _Side, key: str) -> np.ndarray:
     """The per-window losses of `key` in each run of the row: (seeds, W)."""
     return np.array([r.windows[key] for r in row.runs], dtype=np.float64)
