@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from posab.provenance import PACKAGES, cpu_capability, package_versions, start_provenance
+from posab.provenance import PACKAGES, cpu_capability, cpu_model, package_versions, start_provenance
 
 NOW = {"git_commit": "b" * 40, "git_dirty": False}
 
@@ -35,3 +35,11 @@ def test_versions_and_cpu_capability() -> None:
     assert set(versions) == set(PACKAGES)
     assert versions["torch"] == torch.__version__
     assert cpu_capability() in {"DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256", "NO AVX"}
+
+
+def test_the_cpu_model_is_read_from_cpuinfo(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\n\nprocessor\t: 1")
+    assert cpu_model(info) == "AMD EPYC 9R14"
+    info.write_text("processor\t: 0\n")  # some architectures name no model
+    assert cpu_model(info) == "" and cpu_model(tmp_path / "missing") == ""

@@ -55,6 +55,17 @@ def cpu_capability() -> str:
     return str(torch.backends.cpu.get_cpu_capability())
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (`Intel(R) Xeon(R) Processor`, `AMD EPYC 9R14`): machines of one kind differ in
+    it, and with it in speed and kernels; "" where the system does not say (no /proc/cpuinfo)."""
+    try:
+        lines = cpuinfo.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name") and ":" in line]
+    return names[0] if names else ""
+
+
 def code_provenance() -> dict[str, Any]:
     """The code a process runs: read once at import time of the caller (a Hydra multirun runs every job in
     the process that imported posab, so a commit made while a sweep runs is not its later jobs' code)."""

@@ -26,7 +26,7 @@ from posab.encodings import encoding_optimizer
 from posab.errors import ConfigError, Preempted
 from posab.io import write_json
 from posab.logging import JsonlLogger, Logger, MultiLogger, NullLogger
-from posab.provenance import code_provenance, cpu_capability, package_versions, start_provenance
+from posab.provenance import code_provenance, cpu_capability, cpu_model, package_versions, start_provenance
 from posab.resume import (
     CHECKPOINTS,
     keep_finished_run,
@@ -195,6 +195,7 @@ def run_header(cfg: Config) -> dict[str, Any]:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "cpu_capability": cpu_capability(),
+            "cpu_model": cpu_model(),
             "versions": package_versions(),
         },
     }

@@ -156,6 +156,7 @@ def _run_info(results: dict[str, Any], config: dict[str, str]) -> dict[str, str]
         "machine": join_nonempty(
             str(machine.get("platform", "")),
             str(machine.get("processor", "")),
+            str(machine.get("cpu_model", "")),
             f"{machine['cpus']} CPUs" if "cpus" in machine else "",
             f"torch {machine['torch']}" if "torch" in machine else "",
         ),
