@@ -404,6 +404,20 @@ def test_measurement_switches_make_no_label_but_a_row_never_mixes_them(tmp_path:
     assert [r.config["passkey.enabled"] for r in load_csv(tmp_path / "runs.csv")] == ["true", "false"]
 
 
+def test_a_run_without_needle_numbers_joins_a_row_of_staged_runs() -> None:
+    """A later seed run as a language model only (no passkey stage, no needle grid) has no needle number
+    to mix: it joins the row; its needle cells count only the staged runs."""
+    staged = record("alibi", 0, {"val_loss": 1.0, "needle/acc@512": 1.0}, **{"passkey.enabled": "true"})
+    lm_only = record(
+        "alibi", 1, {"val_loss": 1.5}, **{"passkey.enabled": "false", "eval.needle.enabled": "false"}
+    )
+    (row,) = group_rows([staged, lm_only])["ablation"]
+    assert [r.seed for r in row.runs] == [0, 1]
+    measured_plain = record("alibi", 2, {"needle/acc@512": 0.1}, **{"passkey.enabled": "false"})
+    with pytest.raises(ReportError, match="passkey.enabled=false and true"):
+        group_rows([staged, lm_only, measured_plain])
+
+
 def test_a_key_constant_in_a_report_folder_still_labels_the_runs_folded_into_it(tmp_path: Path) -> None:
     """runs.csv keeps only the keys its own runs sweep; read back, each run gets its whole config from
     configs/, so a later run with the other value of that key makes a row of its own, not a mixed one."""

@@ -22,6 +22,7 @@ import argparse
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -55,16 +56,20 @@ STAGE_STEPS = "passkey_stage/steps"
 
 
 def stage_rows(rows: Mapping[str, Row]) -> dict[str, Row]:
-    """The rows whose runs all had the passkey stage, RoPE's scaling views left out; the others are named
-    on stderr."""
+    """Each row's runs that had the passkey stage, RoPE's scaling views left out; a row without such runs
+    is left out, and one with some (a grid's later seeds ran the language model alone) keeps those: both
+    are named on stderr."""
     kept = {}
     for name, row in rows.items():
+        staged = [run for run in row.runs if STAGE_STEPS in run.metrics]
         if row.scaling:
             continue
-        if all(STAGE_STEPS in run.metrics for run in row.runs):
-            kept[name] = row
-        else:
-            print(f"left out {name!r}: not every run of it has a passkey stage", file=sys.stderr)
+        if not staged:
+            print(f"left out {name!r}: no run of it has a passkey stage", file=sys.stderr)
+            continue
+        if len(staged) < len(row.runs):
+            print(f"{name!r}: {len(staged)} of its {len(row.runs)} runs had the stage", file=sys.stderr)
+        kept[name] = replace(row, runs=staged)
     return kept
 
 

@@ -173,9 +173,13 @@ def group_rows(runs: Sequence[RunRecord]) -> dict[str, list[Row]]:
 
 
 def _refuse_mixed_switches(row: Row) -> None:
-    """A ReportError naming the row and switch when its runs differ in a MEASUREMENT_SWITCHES value."""
+    """A ReportError naming the row and switch when the runs of it that measured the needle differ in a
+    MEASUREMENT_SWITCHES value. A run with `eval.needle.enabled=false` has no needle numbers to average
+    with another model's: it joins the row with its language-model numbers alone (a grid's later seeds run
+    without the passkey stage; their needle cells then show `(n=k)`)."""
+    measured = [r for r in row.runs if r.config.get("eval.needle.enabled") != "false"]
     for key in MEASUREMENT_SWITCHES:
-        values = sorted({r.config[key] for r in row.runs if key in r.config})
+        values = sorted({r.config[key] for r in measured if key in r.config})
         if len(values) > 1:
             raise ReportError(
                 f"row {row.label!r} of study {row.study!r} mixes runs with {key}={' and '.join(values)}: "
