@@ -34,5 +34,9 @@ class ALiBi(Encoding):
         self.register_buffer("slopes", alibi_slopes(dims.n_heads), persistent=False)  # (H,)
 
     def bias(self, pos: Positions) -> Tensor:
-        table = -self.slopes[:, None] * distances(pos.length, self.slopes.device)[None, :]  # (H, 2L-1)
+        table = self.distance_bias(distances(pos.length, self.slopes.device))  # (H, 2L-1)
         return toeplitz(table, pos.length)[None]  # (1, H, L, L)
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        """(D,) query-minus-key distances -> (H, D) the bias -m_h * d (the extrapolation audit reads it)."""
+        return -self.slopes[:, None] * distance[None, :]

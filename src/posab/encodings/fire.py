@@ -68,19 +68,35 @@ class FIRE(Encoding):
     def threshold(self) -> Tensor:
         return self.dims.train_len * self.log_scale.exp()
 
+    def psi(self, x: Tensor) -> Tensor:
+        """psi(x) = ln(1 + c x), elementwise."""
+        return torch.log1p(self.c * x)
+
     def inputs(self, pos: Positions) -> Tensor:
         """(L, L) MLP inputs psi(i - j) / psi(max(i, L_thr)), in [0, 1] for j <= i; 0 for j > i."""
-        c, t = self.c, pos.length
-        psi_d = torch.log1p(c * distances(t, self.log_c.device).clamp(min=0))  # (2L-1,)
+        t = pos.length
+        psi_d = self.psi(distances(t, self.log_c.device).clamp(min=0))  # (2L-1,)
         numer = toeplitz(psi_d[None], t)[0]  # (1, 2L-1) -> (1, L, L) -> (L, L)
-        denom = torch.log1p(c * torch.maximum(pos.token.float(), self.threshold))  # (L,)
+        denom = self.psi(torch.maximum(pos.token.float(), self.threshold))  # (L,)
         return numer / denom[:, None]  # (L, L)
 
     def bias(self, pos: Positions) -> Tensor:
-        x = self.inputs(pos)  # (L, L)
+        return self._mlp(self.inputs(pos))[None]  # (H, L, L) -> (1, H, L, L)
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        """(D,) distances i - j >= 0 -> (H, D) the bias of the query i = max(distance), as `bias` computes
+        its row (read by the extrapolation audit).
+
+        FIRE's bias depends on the query through its normaliser psi(max(i, L_thr)); given the distances
+        0 .. L-1 of a window of L tokens, this is the row of its last query, i = L - 1: the only query that
+        sees every distance of the window, and the one whose normaliser is furthest from training's."""
+        x = self.psi(distance.clamp(min=0)) / self.psi(torch.maximum(distance.max(), self.threshold))  # (D,)
+        return self._mlp(x[None])[:, 0]  # (1, D) -> (H, 1, D) -> (H, D)
+
+    def _mlp(self, x: Tensor) -> Tensor:
+        """The MLP through its linear pieces: (N, M) inputs -> (H, N, M)."""
         kinks, slopes, intercepts = relu_mlp_pieces(self.mlp)
-        t = pos.length
-        seg = torch.searchsorted(kinks, x.detach(), out_int32=True).flatten()  # (L*L,): number of kinks < x
-        slope = slopes.t().index_select(1, seg).view(-1, t, t)  # (H, K+1) -> (H, L*L) -> (H, L, L)
-        intercept = intercepts.t().index_select(1, seg).view(-1, t, t)  # (H, L*L) -> (H, L, L)
-        return torch.addcmul(intercept, slope, x)[None]  # (1, H, L, L)
+        seg = torch.searchsorted(kinks, x.detach(), out_int32=True).flatten()  # (N*M,): number of kinks < x
+        slope = slopes.t().index_select(1, seg).view(-1, *x.shape)  # (H, K+1) -> (H, N*M) -> (H, N, M)
+        intercept = intercepts.t().index_select(1, seg).view(-1, *x.shape)  # (H, N*M) -> (H, N, M)
+        return torch.addcmul(intercept, slope, x)  # (H, N, M)

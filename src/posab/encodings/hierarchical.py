@@ -62,11 +62,23 @@ class Hierarchical(Encoding):
 
     def bias(self, pos: Positions) -> Tensor | None:
         """The token level: (1, H, L, L), or None without it."""
+        device = self.level_mlps[self.levels[0]].taus.device
+        table = self.distance_bias(distances(pos.length, device))  # (H, 2L-1), or None
+        return None if table is None else toeplitz(table, pos.length)[None]  # (1, H, L, L)
+
+    def distance_bias(self, distance: Tensor) -> Tensor | None:
+        """(D,) token distances i - j -> (H, D) the token level's bias after the mix, or None without that
+        level (read by the extrapolation audit). The sentence and paragraph levels are left out: their
+        coordinates come from where a document's sentences and paragraphs end, not from i - j alone."""
         if "token" not in self.levels:
             return None
-        mlp = self.level_mlps["token"]
-        table = self._mixed("token", mlp(distances(pos.length, mlp.taus.device)))  # (H, 2L-1)
-        return toeplitz(table, pos.length)[None]  # (1, H, L, L)
+        return self._mixed("token", self.level_mlps["token"](distance))
+
+    def bias_features(self, distance: Tensor) -> Tensor | None:
+        """(D,) token distances -> (D, 2K) the token level MLP's input features, or None without it."""
+        if "token" not in self.levels:
+            return None
+        return self.level_mlps["token"].features(distance)
 
     def bias_factors(self, pos: Positions) -> BiasFactors | None:
         """The sentence and paragraph levels, their factors side by side: (B, H, L, R_s + R_p) and

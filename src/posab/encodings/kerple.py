@@ -69,6 +69,11 @@ class Kerple(Encoding):
             self.raw_a.clamp_(min=FLOOR)
 
     def bias(self, pos: Positions) -> Tensor:
-        d = distances(pos.length, self.raw_p.device).clamp(min=0)  # (2L-1,), future -> 0
-        table = -self.p[:, None] * torch.log1p(self.a[:, None] * d[None, :])  # (H, 2L-1)
+        table = self.distance_bias(distances(pos.length, self.raw_p.device))  # (H, 2L-1)
         return toeplitz(table, pos.length)[None]  # (1, H, L, L)
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        """(D,) query-minus-key distances -> (H, D) the bias -p_h ln(1 + a_h d), future distances clamped to
+        0 (read by the extrapolation audit)."""
+        d = distance.clamp(min=0)  # (D,), future -> 0
+        return -self.p[:, None] * torch.log1p(self.a[:, None] * d[None, :])  # (H, D)

@@ -96,6 +96,16 @@ class MultiScale(Encoding):
     def bias(self, pos: Positions) -> Tensor:
         return self._pairwise(self.distance_mlp, pos)
 
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        """(D,) distances i - j >= 0 -> (H, D) the additive bias b(d) as `bias` computes it; with the `fire`
+        input, that of the query i = max(distance), the last query of a window of distances 0 .. L-1 (read
+        by the extrapolation audit; a `multiplicative` form's g(d) is not included)."""
+        return self.distance_mlp(self._inputs(distance))
+
+    def bias_features(self, distance: Tensor) -> Tensor:
+        """(D,) distances as `distance_bias` -> (D, 2K) the bias MLP's input features (audit: novelty)."""
+        return self.distance_mlp.features(self._inputs(distance))
+
     def score_scale(self, pos: Positions) -> Tensor | None:
         if self.gate_mlp is None:
             return None
@@ -107,6 +117,14 @@ class MultiScale(Encoding):
             return self._query_normalised(mlp, pos)[None]
         d = distances(pos.length, mlp.taus.device)  # (2L-1,)
         return toeplitz(mlp(self._transform(d)), pos.length)[None]
+
+    def _inputs(self, distance: Tensor) -> Tensor:
+        """(D,) the MLP's scalar inputs at distances i - j >= 0 for the query i = max(distance), on the branch
+        `_pairwise` takes for a window whose last query is i."""
+        query = distance.max()
+        if self.input == "fire" and int(query) >= self.train_len:
+            return self._fire_input(distance, query)
+        return self._transform(distance)
 
     def _transform(self, d: Tensor) -> Tensor:
         """The MLP's input for distances d, while the FIRE normaliser is the same for every query."""
@@ -122,8 +140,12 @@ class MultiScale(Encoding):
 
         Returns (H, L, L)."""
         i = pos.token.float()
-        d = (i[:, None] - i[None, :]).clamp_min(0)  # (L, L)
-        normaliser = torch.log1p(i.clamp_min(self.train_len))[:, None]  # (L, 1)
-        values, inverse = torch.unique(torch.log1p(d) / normaliser * self.max_dist, return_inverse=True)
+        d = i[:, None] - i[None, :]  # (L, L)
+        values, inverse = torch.unique(self._fire_input(d, i[:, None]), return_inverse=True)
         table = torch.cat([mlp(chunk) for chunk in values.split(CHUNK)], dim=1)  # (H, N)
         return table[:, inverse]  # (H, L, L)
+
+    def _fire_input(self, d: Tensor, query: Tensor) -> Tensor:
+        """The FIRE input of distances d (future ones clamped to 0) at query positions `query`, broadcast
+        against d: ln(1 + d) / ln(1 + max(i, L_train)) * L_max."""
+        return torch.log1p(d.clamp_min(0)) / torch.log1p(query.clamp_min(self.train_len)) * self.max_dist

@@ -55,6 +55,10 @@ class T5Bias(Encoding):
         self.gain = math.sqrt(dims.head_dim) if init == "xtransformers" else 1.0  # g
 
     def bias(self, pos: Positions) -> Tensor:
-        buckets = t5_buckets(distances(pos.length, self.table.device), self.num_buckets, self.max_distance)
-        table = (self.table[buckets] * self.gain).transpose(0, 1)  # (2L-1, H) -> (H, 2L-1)
+        table = self.distance_bias(distances(pos.length, self.table.device))  # (H, 2L-1)
         return toeplitz(table, pos.length)[None]  # (1, H, L, L)
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        """(D,) query-minus-key distances -> (H, D) the bias W[bucket(d), h] * g (read by the audit)."""
+        buckets = t5_buckets(distance, self.num_buckets, self.max_distance)  # (D,)
+        return (self.table[buckets] * self.gain).transpose(0, 1)  # (D, H) -> (H, D)

@@ -75,6 +75,48 @@ def window_statistics(ctx: EvalContext, start: int, length: int) -> Tensor:
     return torch.stack(layers, dim=1)  # (2, layers, H)
 
 
+def length_statistics(ctx: EvalContext, length: int, windows: int) -> Tensor:
+    """Entropy and distance at one length, averaged over `windows` fixed validation windows, one forward
+    pass each: (2, layers, H) float64 on the CPU."""
+    starts = ctx.valid.fixed_windows(length, windows)
+    stats = [  # (2, layers, H) each
+        window_statistics(ctx, int(s), length)
+        for s in ctx.bar(starts, f"attention L={length}", inner=True, unit="window")
+    ]
+    return torch.stack(stats).mean(0)  # (2, layers, H)
+
+
+def statistics_grid(ctx: EvalContext, lengths: list[int], windows: int) -> tuple[dict[str, Any], list[float]]:
+    """The grid {"lengths", "layers", "heads", "entropy", "distance"} (values as [length][layer][head]) at
+    `lengths`, `windows` windows each, and the wall time of each length in seconds (rounded to ms)."""
+    grid: dict[str, Any] = {
+        "lengths": lengths,
+        "layers": list(range(len(ctx.model.blocks))),
+        "heads": list(range(ctx.model.cfg.n_heads)),
+    }
+    grid.update(entropy=[], distance=[])
+    seconds: list[float] = []
+    for length in ctx.bar(lengths, "attention", unit="length"):
+        started = time.perf_counter()
+        entropy, distance = length_statistics(ctx, length, windows).tolist()  # (layers, H) each
+        grid["entropy"].append(entropy)
+        grid["distance"].append(distance)
+        seconds.append(round(time.perf_counter() - started, 3))
+    return grid, seconds
+
+
+def grid_scalars(grid: dict[str, Any], index: int, prefix: str) -> dict[str, float]:
+    """`{prefix}/entropy@L/layerN/headM` and `{prefix}/distance@L/layerN/headM` of the grid's length
+    `index`."""
+    length = grid["lengths"][index]
+    return {
+        f"{prefix}/{name}@{length}/layer{layer}/head{h}": v
+        for name in ("entropy", "distance")
+        for layer, row in enumerate(grid[name][index])
+        for h, v in enumerate(row)
+    }
+
+
 def stats_table(grid: dict[str, Any]) -> Table:
     """One row per (length, layer, head)."""
     rows = [
@@ -98,30 +140,11 @@ class AttentionAnalysis(Evaluator[AnalysisConfig]):
         return list(self.cfg.lengths or settings.lengths)
 
     def evaluate(self, ctx: EvalContext) -> EvalOutput:
-        lengths = self.window_lengths(ctx.cfg)
-        layers, heads = len(ctx.model.blocks), ctx.model.cfg.n_heads
-        grid: dict[str, Any] = {
-            "lengths": lengths,
-            "layers": list(range(layers)),
-            "heads": list(range(heads)),
-        }
-        grid.update(entropy=[], distance=[])
+        grid, seconds = statistics_grid(ctx, self.window_lengths(ctx.cfg), self.cfg.windows)
         scalars: dict[str, float] = {}
-        for length in ctx.bar(lengths, "attention", unit="length"):
-            started = time.perf_counter()
-            starts = ctx.valid.fixed_windows(length, self.cfg.windows)
-            windows = [  # (2, layers, H) each
-                window_statistics(ctx, int(s), length)
-                for s in ctx.bar(starts, f"attention L={length}", inner=True, unit="window")
-            ]
-            stats = torch.stack(windows).mean(0)  # (2, layers, H)
-            for name, values in zip(("entropy", "distance"), stats.tolist(), strict=True):
-                grid[name].append(values)
-                for layer, row in enumerate(values):
-                    scalars.update(
-                        {f"attn/{name}@{length}/layer{layer}/head{h}": v for h, v in enumerate(row)}
-                    )
-            scalars[f"time/attn@{length}_s"] = round(time.perf_counter() - started, 3)
+        for i, length in enumerate(grid["lengths"]):
+            scalars.update(grid_scalars(grid, i, "attn"))
+            scalars[f"time/attn@{length}_s"] = seconds[i]
         return EvalOutput(
             scalars=scalars,
             data={"attn/grid": grid},

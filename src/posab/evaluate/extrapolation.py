@@ -1,0 +1,321 @@
+"""The extrapolation audit: what a positional bias does past the training length, as numbers every run has.
+
+Issue 28, part 1. The evaluation layer names no encoding: it asks the model's encoding for two optional
+methods (`DistanceBias`, `BiasFeatures`), which each encoding with such a bias implements on its own code
+path, so the audit reads exactly what the model adds. T = L_train (`train.seq_len`), D = max(longest of
+`eval.lengths`, T).
+
+1. The bias curve (ALiBi, T5, FIRE, KERPLE, multiscale; the hierarchical bias's token level, its sentence
+   and paragraph levels depending on where a document's sentences end, not on i - j): b_h(d) for
+   d = 0 .. D - 1, computed under the evaluation's autocast and rounded to the attention's dtype, as the
+   model's mask holds it (bf16 under bf16). FIRE, and multiscale with `input=fire`, depend on the query:
+   their curve is the row of the last query, i = D - 1 (the only one that sees every distance), for the
+   distances below T as well. Per head:
+
+       at_end      b_h(T - 1)
+       min, max    of b_h(d) over T <= d < D ("beyond")
+       jump        max_{T <= d < D} |b_h(d) - b_h(d - 1)|, the step into T included
+       jump_rel    jump / (max_{d < T} b_h(d) - min_{d < T} b_h(d))   (NaN where that range is 0)
+
+   `audit/bias_end/headH`, `audit/bias_min_beyond/headH`, `audit/bias_max_beyond/headH`,
+   `audit/bias_jump/headH` (jump_rel) and `audit/bias_jump` (the largest defined one); the
+   `extrapolation_bias` table and figure, and the curve itself as `extrapolation_bias.npz`. ALiBi's
+   jump_rel is 1 / (T - 1): its bias is the linear continuation. Needs D > T for the summary.
+
+2. Input novelty (the multiscale MLP, the hierarchical token level's): x(d) in R^F, the MLP's input
+   features, as the first layer receives them (rounded to the autocast dtype). Training inputs
+   X_T = {x(d): d < T}; at each evaluation length L, X_L = {x(d): d < L} of the query L - 1:
+
+       outside_f(L)   fraction of the L inputs whose feature f lies outside [min, max] of f over X_T
+                      (by more than OUTSIDE_SLACK of the bound: the same input in a tensor of another
+                      length may round differently by an ulp, vectorised vs scalar kernels)
+       nearest(d)     min_{t < T} ||x(d) - x(t)||_2
+
+   `audit/novelty_outside@L` (mean over f), `audit/novelty_outside_max@L` (max over f),
+   `audit/novelty_nearest@L` (max over d), `audit/novelty_nearest_mean@L` (mean over d), and the
+   `extrapolation_novelty` table (per length and feature). All 0 at L <= T.
+
+3. Attention, for every encoding: entropy and mean attended distance per layer and head at each of
+   `eval.lengths`, over `eval.extrapolation.windows` fixed validation windows, by the attention analysis's
+   own functions (`posab.evaluate.attention_analysis`, whose docstring has the formulas):
+   `audit/entropy@L/layerN/headM`, `audit/distance@L/layerN/headM`, their means over layers and heads
+   `audit/entropy@L`, `audit/distance@L`, the `audit/grid` data and the `extrapolation_attention` table.
+   Cost: one forward pass per window and length holding every layer's float32 probabilities (the
+   analysis's timings, `QUERY_CHUNK`: default model, 2 CPU cores, ~4-5 s a window at L = 4096, so under
+   ~10 s over 512 .. 4096 with one window); parts 1 and 2 are a few calls of the bias on D distances.
+
+The keys are outside `posab.keys`' grammar (they parse to None), like `attn/...`. With a passkey stage the
+audit runs on the language model, before it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from posab.device import autocast
+from posab.errors import require
+from posab.evaluate.attention_analysis import grid_scalars, statistics_grid, stats_table
+from posab.evaluate.base import Evaluator, SectionConfig
+from posab.evaluate.context import EvalContext, EvalSettings
+from posab.outputs import Column, EvalOutput, Table
+from posab.plots import new_figure
+
+PREFIX = "audit"
+OUTSIDE_SLACK = 4 * torch.finfo(torch.float32).eps  # relative: a few float32 ulps of the bound
+SUMMARY = ("at_end", "min_beyond", "max_beyond", "jump", "jump_rel")
+SUMMARY_KEYS = {  # the per-head scalars: `audit/KEY/headH`
+    "at_end": "bias_end",
+    "min_beyond": "bias_min_beyond",
+    "max_beyond": "bias_max_beyond",
+    "jump_rel": "bias_jump",
+}
+
+
+@dataclass
+class ExtrapolationConfig(SectionConfig):
+    enabled: bool = True  # the audit runs in every run (issue 28)
+    windows: int = 1  # validation windows per length for the attention statistics
+
+    def validate(self, settings: EvalSettings) -> None:
+        valid = isinstance(self.windows, int) and not isinstance(self.windows, bool) and self.windows > 0
+        require(valid, f"eval.extrapolation.windows={self.windows!r}: use a positive integer")
+
+
+@runtime_checkable
+class DistanceBias(Protocol):
+    """An encoding whose additive score bias depends on i - j (for FIRE-like ones: and on the query)."""
+
+    def distance_bias(self, distance: Tensor) -> Tensor | None:
+        """(D,) distances i - j >= 0 -> (H, D) the bias at each (query i = max(distance)), or None."""
+        ...
+
+
+@runtime_checkable
+class BiasFeatures(Protocol):
+    """An encoding whose distance bias is an MLP on features of the distance."""
+
+    def bias_features(self, distance: Tensor) -> Tensor | None:
+        """(D,) distances as `distance_bias` -> (D, F) the MLP's input features, or None."""
+        ...
+
+
+def audit_key(metric: str, length: int | None = None, head: int | None = None) -> str:
+    """`audit/METRIC[@L][/headH]`, the audit's scalar keys."""
+    at = "" if length is None else f"@{length}"
+    return f"{PREFIX}/{metric}{at}" + ("" if head is None else f"/head{head}")
+
+
+def bias_curve(
+    encoding: object, length: int, device: torch.device, dtype: torch.dtype | None
+) -> Tensor | None:
+    """(H, length) float64 b_h(d), d = 0 .. length - 1, as the model's mask holds it; None without one."""
+    if not isinstance(encoding, DistanceBias):
+        return None
+    distance = torch.arange(length, device=device, dtype=torch.float32)  # (D,)
+    with torch.inference_mode(), autocast(device, dtype):
+        bias = encoding.distance_bias(distance)  # (H, D) or None
+    return None if bias is None else bias.to(dtype or torch.float32).double().cpu()
+
+
+def bias_summary(bias: Tensor, train_len: int) -> dict[str, Tensor]:
+    """(H, D) curve, D > train_len -> each of SUMMARY as (H,) float64 (module docstring)."""
+    bias = bias.double()
+    inside, beyond = bias[:, :train_len], bias[:, train_len:]  # (H, T), (H, D - T)
+    steps = beyond - bias[:, train_len - 1 : -1]  # (H, D - T): b(d) - b(d - 1) for d >= T
+    jump = steps.abs().amax(1)
+    spread = inside.amax(1) - inside.amin(1)
+    relative = torch.where(spread > 0, jump / spread, torch.full_like(jump, float("nan")))
+    return {
+        "at_end": bias[:, train_len - 1],
+        "min_beyond": beyond.amin(1),
+        "max_beyond": beyond.amax(1),
+        "jump": jump,
+        "jump_rel": relative,
+    }
+
+
+def summary_scalars(summary: dict[str, Tensor]) -> dict[str, float]:
+    """The per-head scalars of a `bias_summary`, and the largest relative jump over heads (NaN heads left
+    out)."""
+    scalars = {
+        audit_key(key, head=h): value
+        for name, key in SUMMARY_KEYS.items()
+        for h, value in enumerate(summary[name].tolist())
+    }
+    defined = summary["jump_rel"][~summary["jump_rel"].isnan()]  # heads whose range inside is not 0
+    scalars[audit_key("bias_jump")] = float(defined.max()) if defined.numel() else float("nan")
+    return scalars
+
+
+def bias_figure(bias: Tensor, train_len: int, title: str) -> Figure:
+    """b_h(d) against d, one line per head, the training length marked."""
+    fig = new_figure(8.0, 4.5)
+    ax = fig.add_subplot()
+    distance = np.arange(bias.shape[1])
+    for h, row in enumerate(bias.numpy()):
+        ax.plot(distance, row, linewidth=1.0, label=f"head {h}")
+    ax.axvline(train_len, color="k", linestyle="--", label=f"training length {train_len}")
+    ax.set_xlabel("distance i − j (tokens, linear axis)")
+    ax.set_ylabel("additive attention bias b_h(d)")
+    ax.set_title(f"{title}: bias by distance" if title else "bias by distance")
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
+    return fig
+
+
+def mlp_inputs(
+    encoding: object, length: int, device: torch.device, dtype: torch.dtype | None
+) -> Tensor | None:
+    """(length, F) float64 MLP input features x(d), d = 0 .. length - 1, rounded as the first layer
+    receives them; None for an encoding without an MLP bias."""
+    if not isinstance(encoding, BiasFeatures):
+        return None
+    distance = torch.arange(length, device=device, dtype=torch.float32)  # (L,)
+    with torch.inference_mode():
+        features = encoding.bias_features(distance)  # (L, F) or None
+    return None if features is None else features.to(dtype or torch.float32).double().cpu()
+
+
+def novelty(train: Tensor, inputs: Tensor) -> tuple[Tensor, Tensor]:
+    """Training inputs (T, F) and evaluation inputs (L, F) -> the fraction of the L inputs outside each
+    feature's training range (F,) and each input's distance to its nearest training input (L,)."""
+    low, high = train.amin(0), train.amax(0)  # (F,) each
+    slack = OUTSIDE_SLACK * torch.maximum(low.abs(), high.abs())  # (F,)
+    outside = ((inputs < low - slack) | (inputs > high + slack)).double().mean(0)  # (F,)
+    pairwise = torch.cdist(inputs, train, compute_mode="donot_use_mm_for_euclid_dist")  # (L, T), exact 0s
+    return outside, pairwise.amin(1)
+
+
+def input_novelty(
+    encoding: object, train_len: int, lengths: list[int], device: torch.device, dtype: torch.dtype | None
+) -> dict[int, tuple[Tensor, Tensor]] | None:
+    """`novelty` at each length, or None for an encoding without an MLP bias. At L <= T the inputs are
+    the first L training inputs themselves (the same tensor): novelty exactly 0."""
+    train = mlp_inputs(encoding, train_len, device, dtype)  # (T, F) or None
+    if train is None:
+        return None
+    out: dict[int, tuple[Tensor, Tensor]] = {}
+    for length in lengths:
+        inputs = train[:length] if length <= train_len else mlp_inputs(encoding, length, device, dtype)
+        assert inputs is not None  # the same encoding answered for the training distances
+        out[length] = novelty(train, inputs)
+    return out
+
+
+def novelty_scalars(found: dict[int, tuple[Tensor, Tensor]]) -> dict[str, float]:
+    """Per length: the mean and the largest outside fraction over features, the largest and the mean
+    nearest-input distance over distances."""
+    scalars: dict[str, float] = {}
+    for length, (outside, nearest) in found.items():
+        scalars[audit_key("novelty_outside", length)] = float(outside.mean())
+        scalars[audit_key("novelty_outside_max", length)] = float(outside.max())
+        scalars[audit_key("novelty_nearest", length)] = float(nearest.max())
+        scalars[audit_key("novelty_nearest_mean", length)] = float(nearest.mean())
+    return scalars
+
+
+def novelty_table(found: dict[int, tuple[Tensor, Tensor]]) -> Table:
+    """One row per (length, feature): the fraction of inputs outside the feature's training range."""
+    rows = [
+        [length, f, value]
+        for length, (outside, _) in found.items()
+        for f, value in enumerate(outside.tolist())
+    ]
+    return Table(["length", "feature", "outside"], rows)
+
+
+def bias_output(ctx: EvalContext) -> EvalOutput:
+    """Part 1: the curve, its summary, table, figure and arrays; empty without a distance bias."""
+    longest = max([ctx.train_len, *ctx.cfg.lengths])
+    bias = bias_curve(ctx.model.encoding, longest, ctx.device, ctx.dtype)  # (H, D) or None
+    if bias is None:
+        return EvalOutput()
+    arrays = {"distance": np.arange(longest), "bias": bias.numpy(), "train_len": np.array(ctx.train_len)}
+    output = EvalOutput(
+        figures={"extrapolation_bias": bias_figure(bias, ctx.train_len, ctx.title)},
+        arrays={"extrapolation_bias": arrays},
+    )
+    if longest > ctx.train_len:
+        summary = bias_summary(bias, ctx.train_len)
+        output.scalars.update(summary_scalars(summary))
+        rows = [
+            [h, *values] for h, values in enumerate(torch.stack([summary[n] for n in SUMMARY], 1).tolist())
+        ]
+        output.tables["extrapolation_bias"] = Table(["head", *SUMMARY], rows)
+    return output
+
+
+def novelty_output(ctx: EvalContext) -> EvalOutput:
+    """Part 2: input novelty at each evaluation length; empty without an MLP bias."""
+    found = input_novelty(ctx.model.encoding, ctx.train_len, list(ctx.cfg.lengths), ctx.device, ctx.dtype)
+    if found is None:
+        return EvalOutput()
+    return EvalOutput(scalars=novelty_scalars(found), tables={"extrapolation_novelty": novelty_table(found)})
+
+
+def attention_output(ctx: EvalContext, windows: int) -> EvalOutput:
+    """Part 3: attention entropy and distance per layer and head at each evaluation length."""
+    grid, _ = statistics_grid(ctx, list(ctx.cfg.lengths), windows)
+    scalars: dict[str, float] = {}
+    for i, length in enumerate(grid["lengths"]):
+        scalars.update(grid_scalars(grid, i, PREFIX))
+        for name in ("entropy", "distance"):
+            scalars[audit_key(name, length)] = float(np.mean(grid[name][i]))
+    return EvalOutput(
+        scalars=scalars, data={f"{PREFIX}/grid": grid}, tables={"extrapolation_attention": stats_table(grid)}
+    )
+
+
+class ExtrapolationAudit(Evaluator[ExtrapolationConfig]):
+    """The bias curve and its summary, the MLP's input novelty and the attention statistics (module
+    docstring): `audit/...` scalars, the `extrapolation_*` tables, figure and arrays."""
+
+    name = "extrapolation"
+    config = ExtrapolationConfig
+    order = 25  # after the needle, before the shift test
+
+    def window_lengths(self, settings: EvalSettings) -> list[int]:
+        return list(settings.lengths)
+
+    def evaluate(self, ctx: EvalContext) -> EvalOutput:
+        output = bias_output(ctx)
+        output.update(novelty_output(ctx))
+        output.update(attention_output(ctx, self.cfg.windows))
+        return output
+
+    @staticmethod
+    def report_columns(keys: Collection[str]) -> list[Column]:
+        """The largest relative bias jump, and novelty and mean entropy at the longest length audited."""
+        columns = []
+        if audit_key("bias_jump") in keys:
+            legend = (
+                "largest step |b_h(d) − b_h(d−1)| of the additive bias past the training length, over "
+                "the range b_h takes within it; the largest over heads (`audit/bias_jump`; ALiBi: "
+                "1/(L_train − 1))"
+            )
+            columns.append(Column("bias jump", audit_key("bias_jump"), ".3g", legend))
+        if (n := _longest(keys, "novelty_outside")) is not None:
+            legend = (
+                f"fraction of the bias MLP's input features outside their training range at length {n}, "
+                f"mean over features (`audit/novelty_outside@{n}`; 0 = no unseen inputs)"
+            )
+            columns.append(Column(f"novelty@{n}", audit_key("novelty_outside", n), ".3f", legend))
+        if (n := _longest(keys, "entropy")) is not None:
+            legend = (
+                f"attention entropy at length {n}, mean over layers and heads, nats (`audit/entropy@{n}`)"
+            )
+            columns.append(Column(f"entropy@{n}", audit_key("entropy", n), ".3f", legend))
+        return columns
+
+
+def _longest(keys: Collection[str], metric: str) -> int | None:
+    """The largest L of the keys `audit/METRIC@L` among `keys`, or None."""
+    pattern = re.compile(rf"{PREFIX}/{metric}@(\d+)")
+    return max((int(m.group(1)) for k in keys if (m := pattern.fullmatch(k))), default=None)

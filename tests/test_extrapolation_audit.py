@@ -1,0 +1,182 @@
+"""The extrapolation audit (issue 28, part 1): the bias curve and its summary, the MLP's input novelty and
+the attention statistics, on hand-built biases, ALiBi's closed form and every encoding's tiny model."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ENCODINGS, run_main, tiny_model, typed_config
+from posab.data import CorpusData
+from posab.encodings.alibi import alibi_slopes
+from posab.encodings.base import Dims, Positions
+from posab.encodings.multiscale import MultiScale
+from posab.errors import ConfigError
+from posab.evaluate import EvalConfig, run_evaluator
+from posab.evaluate.context import EvalContext
+from posab.evaluate.extrapolation import ExtrapolationAudit, ExtrapolationConfig, bias_summary, input_novelty
+from posab.keys import parse_key
+from posab.outputs import EvalOutput
+from posab.plots import png_bytes
+
+TRAIN_LEN = 32
+LENGTHS = [16, 32, 64]
+DISTANCE_BIASED = {"alibi", "t5", "fire", "kerple", "multiscale", "hierarchical"}  # b(i - j) added to scores
+MLP_BIASED = {"multiscale", "hierarchical"}  # that bias is an MLP on features of the distance
+CPU = torch.device("cpu")
+
+
+def context(corpus: CorpusData, encoding: str, *overrides: str) -> EvalContext:
+    cfg = EvalConfig(lengths=LENGTHS, progress=False, extrapolation=ExtrapolationConfig(windows=1))
+    model = tiny_model(encoding, *overrides)
+    return EvalContext(model, corpus.tokenizer, corpus.streams["valid"], CPU, None, TRAIN_LEN, cfg, encoding)
+
+
+def audit(ctx: EvalContext) -> EvalOutput:
+    return run_evaluator(ctx, "extrapolation")
+
+
+def hand_built(distance: torch.Tensor) -> torch.Tensor:
+    """Head 0: -d/2, lifted by 10 from d = 40 on (a jump of 9.5 past T = 32); head 1: the constant 3."""
+    head0 = -0.5 * distance + 10.0 * (distance >= 40)
+    return torch.stack([head0, torch.full_like(distance, 3.0)])  # (2, D)
+
+
+def test_a_known_jump_past_the_training_length_is_reported_exactly(corpus: CorpusData) -> None:
+    summary = bias_summary(hand_built(torch.arange(64.0)), TRAIN_LEN)
+    assert summary["at_end"].tolist() == [-15.5, 3.0]
+    assert summary["min_beyond"].tolist() == [-21.5, 3.0]  # d = 63: -31.5 + 10
+    assert summary["max_beyond"].tolist() == [-10.0, 3.0]  # d = 40: -20 + 10
+    assert summary["jump"].tolist() == [9.5, 0.0]  # b(40) - b(39) = -10 + 19.5
+    assert summary["jump_rel"][0].item() == 9.5 / 15.5  # over the range inside, 0 .. -15.5
+    assert math.isnan(summary["jump_rel"][1].item())  # a constant head has no range to compare with
+    ctx = context(corpus, "alibi")
+    ctx.model.encoding.distance_bias = hand_built  # type: ignore[assignment]
+    output = audit(ctx)
+    scalars = output.scalars
+    assert scalars["audit/bias_jump/head0"] == 9.5 / 15.5 and math.isnan(scalars["audit/bias_jump/head1"])
+    assert scalars["audit/bias_jump"] == 9.5 / 15.5  # the largest defined head
+    assert (scalars["audit/bias_end/head0"], scalars["audit/bias_min_beyond/head0"]) == (-15.5, -21.5)
+    assert scalars["audit/bias_max_beyond/head0"] == -10.0
+    table = output.tables["extrapolation_bias"]
+    assert table.columns == ["head", "at_end", "min_beyond", "max_beyond", "jump", "jump_rel"]
+    assert table.rows[0] == [0, -15.5, -21.5, -10.0, 9.5, 9.5 / 15.5]
+
+
+def test_alibi_beyond_the_training_length_is_its_linear_continuation(corpus: CorpusData) -> None:
+    output = audit(context(corpus, "alibi"))
+    arrays = output.arrays["extrapolation_bias"]
+    bias, distance = torch.from_numpy(arrays["bias"]), torch.from_numpy(arrays["distance"]).double()
+    assert bias.shape == (2, 64) and int(arrays["train_len"]) == TRAIN_LEN
+    slopes = alibi_slopes(2).double()[:, None]  # (H, 1)
+    assert torch.equal(bias, -slopes * distance)  # every distance, exactly
+    step = bias[:, TRAIN_LEN - 1] - bias[:, TRAIN_LEN - 2]  # (H,): the slope inside
+    continued = bias[:, TRAIN_LEN - 1 : TRAIN_LEN] + step[:, None] * (distance[TRAIN_LEN:] - (TRAIN_LEN - 1))
+    assert torch.equal(bias[:, TRAIN_LEN:], continued)
+    for h in range(2):
+        assert output.scalars[f"audit/bias_jump/head{h}"] == pytest.approx(1 / (TRAIN_LEN - 1), rel=1e-12)
+
+
+def test_novelty_is_zero_within_the_training_length_and_grows_past_it() -> None:
+    """The note's raw input with tau up to 4,096: past 512 the slow features leave their training range."""
+    torch.manual_seed(0)
+    encoding = MultiScale(Dims(16, 2, train_len=512), num_freqs=8, max_dist=4096.0, hidden=8)
+    found = input_novelty(encoding, 512, [128, 512, 1024, 2048, 4096], CPU, None)
+    assert found is not None
+    for length in (128, 512):
+        outside, nearest = found[length]
+        assert outside.shape == (16,) and nearest.shape == (length,)
+        assert outside.abs().sum().item() == 0.0 and nearest.abs().sum().item() == 0.0
+    past = [found[length] for length in (1024, 2048, 4096)]
+    for measure in (
+        [outside.mean().item() for outside, _ in past],
+        [outside.max().item() for outside, _ in past],
+        [nearest.max().item() for _, nearest in past],
+        [nearest.mean().item() for _, nearest in past],
+    ):
+        assert 0 < measure[0] < measure[1] < measure[2], measure
+    # the slowest sine, sin(d / 4096), leaves its range at every distance past 511: (L - 512) / L of them
+    assert [outside[7].item() for outside, _ in past] == [0.5, 0.75, 0.875]
+
+
+def test_every_encoding_gets_attention_statistics_and_bias_curves_where_it_has_them(
+    corpus: CorpusData, encoding: str
+) -> None:
+    assert DISTANCE_BIASED <= set(ENCODINGS)  # the sets name encodings of conf/encoding/
+    ctx = context(corpus, encoding)
+    output = audit(ctx)
+    scalars, layers, heads = output.scalars, len(ctx.model.blocks), ctx.model.cfg.n_heads
+    assert all(parse_key(key) is None for key in scalars)  # outside posab.keys' grammar, like attn/...
+    for length in LENGTHS:
+        for layer in range(layers):
+            for head in range(heads):
+                assert (
+                    0 <= scalars[f"audit/entropy@{length}/layer{layer}/head{head}"] <= math.log(length) + 1e-5
+                )
+                assert 0 <= scalars[f"audit/distance@{length}/layer{layer}/head{head}"] <= length - 1
+        assert 0 <= scalars[f"audit/entropy@{length}"] <= math.log(length) + 1e-5
+    assert len(output.tables["extrapolation_attention"].rows) == len(LENGTHS) * layers * heads
+    has_curve = "extrapolation_bias" in output.arrays
+    assert has_curve == (encoding in DISTANCE_BIASED)
+    assert ("audit/bias_jump" in scalars) == has_curve and (
+        "extrapolation_bias" in output.figures
+    ) == has_curve
+    assert ("audit/novelty_outside@64" in scalars) == (encoding in MLP_BIASED)
+    if not has_curve:
+        assert ctx.model.encoding.bias(Positions.build(64)) is None  # no additive bias was left out
+        return
+    # the curve is the last query's row of the model's own bias: b(d) at d = 63 - j
+    row = ctx.model.encoding.bias(Positions.build(64))
+    assert row is not None
+    expected = row[0, :, -1, :].flip(-1).double()  # (H, 64)
+    assert torch.equal(torch.from_numpy(output.arrays["extrapolation_bias"]["bias"]), expected)
+
+
+def test_inputs_within_the_training_length_are_not_novel(corpus: CorpusData) -> None:
+    scalars = audit(context(corpus, "multiscale")).scalars
+    for length in (16, 32):
+        assert scalars[f"audit/novelty_outside@{length}"] == 0.0
+        assert scalars[f"audit/novelty_nearest@{length}"] == 0.0
+    assert scalars["audit/novelty_nearest@64"] > 0
+
+
+def test_the_figure_renders_and_names_the_run(corpus: CorpusData) -> None:
+    figure = audit(context(corpus, "kerple")).figures["extrapolation_bias"]
+    assert png_bytes(figure)[:8] == b"\x89PNG\r\n\x1a\n"
+    (ax,) = figure.axes
+    assert ax.get_title() == "kerple: bias by distance" and "distance" in ax.get_xlabel()
+    assert [line.get_label() for line in ax.get_lines()] == ["head 0", "head 1", "training length 32"]
+
+
+def test_report_columns_follow_the_keys() -> None:
+    assert ExtrapolationAudit.report_columns(set()) == []
+    keys = {
+        "audit/bias_jump",
+        "audit/novelty_outside@512",
+        "audit/novelty_outside@4096",
+        "audit/entropy@4096",
+    }
+    columns = ExtrapolationAudit.report_columns(keys)
+    assert [c.key for c in columns] == ["audit/bias_jump", "audit/novelty_outside@4096", "audit/entropy@4096"]
+
+
+def test_on_by_default_and_a_bad_value_is_named() -> None:
+    assert typed_config().eval.extrapolation == ExtrapolationConfig(enabled=True, windows=1)
+    for bad in ("0", "-2"):
+        with pytest.raises(ConfigError, match=rf"eval.extrapolation.windows={bad}: use a positive integer"):
+            typed_config([f"eval.extrapolation.windows={bad}"])
+
+
+def test_a_run_writes_the_audit(tmp_path: Path) -> None:
+    overrides = ["+experiment=tiny", "encoding=multiscale", f"data.cache_dir={tmp_path / 'cache'}"]
+    results = run_main([*overrides, "train.steps=2"], tmp_path / "run")["eval"]
+    assert results["audit/novelty_outside@128"] == 0.0 and "audit/bias_jump" in results
+    assert "time/extrapolation_s" in results and results["audit/grid"]["lengths"] == [128, 256]
+    saved = np.load(tmp_path / "run" / "extrapolation_bias.npz")
+    assert saved["bias"].shape == (2, 256)
+    for name in ("extrapolation_bias.png", "extrapolation_bias.csv", "extrapolation_novelty.csv"):
+        assert (tmp_path / "run" / name).is_file()
