@@ -247,6 +247,11 @@ def test_a_needle_heatmap_draws_each_seed_where_they_disagree(rows: dict[str, Ro
     agreed = needle_figure("alibi, train.lr=0.003", rows["alibi, train.lr=0.003"])
     check_readable(agreed)
     assert agreed is not None and [ax.get_title() for ax in data_axes(agreed)] == ["mean of 3 seeds"]
+    row = rows[failed]  # a later seed run as the language model alone: no panel, not counted
+    lm_only = replace(row.runs[0], name="lm-only", seed=9, metrics={"ppl/512": 5.0})
+    fig = needle_figure(failed, replace(row, runs=[*row.runs, lm_only]))
+    assert fig is not None
+    assert [ax.get_title().split("\n")[0] for ax in data_axes(fig)] == heads
 
 
 def test_rows_at_zero_stay_visible_in_the_shift_table(rows: dict[str, Row]) -> None:

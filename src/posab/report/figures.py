@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -199,14 +200,16 @@ STAGE_FINAL_LOSS = "passkey_stage/needle_loss"  # the stage's final key loss, na
 
 
 def needle_figure(name: str, row: Row) -> Figure | None:
-    """Passkey accuracy heatmap (depth × length) from the per-cell scalars: the mean over seeds, and each
-    seed beside it (with its stage's final key loss) when the seeds disagree (`NEEDLE_SPREAD`)."""
+    """Passkey accuracy heatmap (depth × length) from the per-cell scalars: the mean over the seeds that
+    measured the needle (a later seed may be the language model alone), and each seed beside it (with its
+    stage's final key loss) when the seeds disagree (`NEEDLE_SPREAD`)."""
     cells = needle_cells(_metric_keys(row.runs))
     if not cells:
         return None
     lengths = sorted({n for n, _ in cells})
     depths = sorted({d for _, d in cells})
     keys = [metric_key("acc", n, depth=d) for n in lengths for d in depths]
+    row = replace(row, runs=[r for r in row.runs if any(k in r.metrics for k in keys)])
     shape = (len(lengths), len(depths))
     seeds = np.asarray(_seed_values(row, keys)).reshape(-1, *shape)
     mean = _means({name: row}, keys).loc[name].to_numpy(dtype=float).reshape(shape)
