@@ -18,7 +18,9 @@ Modules, in the order data flows through them:
 - `runs_csv`: runs.csv written and read back
 - `scaling`, `grouping`: RoPE scaling views; rows by study, encoding, swept values and precision
 - `stats`, `resampling`: mean, std and bands over the seeds of a row; the paired differences with their
-  hierarchical bootstrap, permutation test on the seeds, Holm's correction and verdicts
+  hierarchical bootstrap, permutation test on the seeds, Holm's correction and verdicts, on `eval.split`
+  and on each evaluation corpus
+- `claims`: a claims file (`--claims`), the comparisons a reading claims, Holm-corrected as their own family
 - `flat`: extrapolation as a count, flat in k of n runs with a Wilson interval
 - `columns`, `markdown`: the metric catalog (each evaluator's columns) and the Markdown tables
 - `styles`, `figures`, `curves`: line styles; evaluation figures; training curves
