@@ -17,10 +17,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# torch's CPU kernel sets that run bf16 natively; below them (ATEN_CPU_CAPABILITY=default or avx2 on a
+# machine with AVX-512 bf16) the bf16 matmul paths are not dispatched (on AMX machines they fail outright:
+# "pack_vnni2 is only supported when avx512 is supported")
+NATIVE_BF16_CAPABILITIES = ("AVX512",)
+
+
 def bf16_supported(device: torch.device) -> bool:
+    """Native bf16: the GPU supports it, or the CPU has AVX-512 bf16 and torch dispatches to AVX-512."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
+    hardware = bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
+    return hardware and torch.backends.cpu.get_cpu_capability() in NATIVE_BF16_CAPABILITIES
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
