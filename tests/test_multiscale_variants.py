@@ -8,6 +8,7 @@ import torch
 from conftest import tiny_model
 from posab.encodings import Dims, Positions
 from posab.encodings.multiscale import MultiScale
+from posab.errors import ConfigError
 from tolerances import EPS32, assert_close_to_scale, scale_of
 
 VARIANTS = [
@@ -16,6 +17,7 @@ VARIANTS = [
     ["encoding.input=fire"],
     ["encoding.form=multiplicative"],
     ["encoding.input=fire", "encoding.form=multiplicative", "encoding.num_freqs=8"],
+    ["encoding.clamp=train"],
 ]
 
 
@@ -83,3 +85,27 @@ def test_log_spacing_and_linear_spacing() -> None:
     linear = MultiScale(Dims(32, 4), num_freqs=4, max_dist=1000.0, spacing="linear").distance_mlp.taus
     torch.testing.assert_close(log, torch.tensor([1.0, 10.0, 100.0, 1000.0]))
     torch.testing.assert_close(linear, torch.tensor([1.0, 334.0, 667.0, 1000.0]))
+
+
+@torch.no_grad()
+def test_a_clamp_gives_every_distance_past_it_the_bias_at_it() -> None:
+    """clamp=train, L_train = 16: b(d) = b(15) for every d >= 15, b(d) unchanged below (the same weights)."""
+    torch.manual_seed(0)
+    clamped = MultiScale(Dims(32, 4, 16), num_freqs=8, hidden=16, clamp="train")
+    torch.manual_seed(0)
+    free = MultiScale(Dims(32, 4, 16), num_freqs=8, hidden=16)
+    assert clamped.clamp == 15 and free.clamp is None
+    last = clamped.bias(Positions.build(40))[0][:, 39, :]  # (H, L): query 39, key j at distance 39 - j
+    assert (last[:, :25] == last[:, 24:25]).all()  # distances 39 .. 15 (keys 0 .. 24): one value each head
+    unclamped = free.bias(Positions.build(40))[0][:, 39, :]
+    assert torch.equal(last[:, 24:], unclamped[:, 24:])  # distances 15 .. 0: the same MLP on the same inputs
+    assert not torch.equal(last[:, :24], unclamped[:, :24])
+    curve = clamped.distance_bias(torch.arange(40.0))  # (H, 40), as the extrapolation audit reads it
+    assert (curve[:, 15:] == curve[:, 15:16]).all()
+    assert MultiScale(Dims(32, 4, 16), num_freqs=8, hidden=16, clamp=7).clamp == 7
+
+
+@pytest.mark.parametrize("bad", [0, -3, "all", 2.5, True])
+def test_a_bad_clamp_names_the_value_and_what_is_valid(bad: object) -> None:
+    with pytest.raises(ConfigError, match=r"multiscale clamp=.*null, 'train' \(L_train - 1\) or a distance"):
+        MultiScale(Dims(32, 4, 16), clamp=bad)  # type: ignore[arg-type]

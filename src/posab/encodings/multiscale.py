@@ -12,7 +12,11 @@ Options (the note's defaults first):
   u = ln(1 + d) / ln(1 + max(i, L_train)) * L_max for j <= i, bounded at any length; it depends on the
   query position i beyond the training length, so it is not offset-invariant there);
 - `form`: `additive` (form (1): + b(d)) or `multiplicative` (form (2): q.k * g(d) / sqrt(d) + b(d), with
-  g(d) = 1 + MLP_g(...) from its own multi-scale MLP, initialised to g = 1).
+  g(d) = 1 + MLP_g(...) from its own multi-scale MLP, initialised to g = 1);
+- `clamp`: None (the note: every distance its own input), `train` (L_train - 1) or a distance N >= 1:
+  b(d) = b(min(d, N)), so no distance past N is an input the MLP has not seen in training when N < L_train.
+  T5's treatment of its last bucket (Raffel et al. 2020, section 2.1: every distance beyond `max_distance`
+  shares one bucket); issue 28's ablation arm.
 """
 
 import math
@@ -27,6 +31,17 @@ SPACINGS = ("log", "linear")
 INPUTS = ("raw", "log", "fire")
 FORMS = ("additive", "multiplicative")
 CHUNK = 1 << 20  # distinct inputs per MLP call when they are many (fire input beyond the training length)
+
+
+def clamp_distance(clamp: int | str | None, train_len: int) -> int | None:
+    """The largest distance the MLP sees: None (no clamp), `train` -> train_len - 1, or N >= 1."""
+    if clamp is None:
+        return None
+    if clamp == "train":
+        return train_len - 1
+    if isinstance(clamp, bool) or not isinstance(clamp, int) or clamp < 1:
+        raise ConfigError(f"multiscale clamp={clamp!r}: use null, 'train' (L_train - 1) or a distance >= 1")
+    return clamp
 
 
 class DistanceMLP(nn.Module):
@@ -77,8 +92,10 @@ class MultiScale(Encoding):
         spacing: str = "log",
         input: str = "raw",
         form: str = "additive",
+        clamp: int | str | None = None,
     ) -> None:
         super().__init__(dims)
+        self.clamp = clamp_distance(clamp, dims.train_len)
         if input not in INPUTS:
             raise ConfigError(f"multiscale input={input!r}: use one of {list(INPUTS)}")
         if form not in FORMS:
@@ -115,7 +132,7 @@ class MultiScale(Encoding):
         """(1, H, L, L): from the 2L-1 distances, or from the distinct FIRE inputs."""
         if self.input == "fire" and int(pos.token.max()) >= self.train_len:
             return self._query_normalised(mlp, pos)[None]
-        d = distances(pos.length, mlp.taus.device)  # (2L-1,)
+        d = self._clamped(distances(pos.length, mlp.taus.device))  # (2L-1,)
         return toeplitz(mlp(self._transform(d)), pos.length)[None]
 
     def _inputs(self, distance: Tensor) -> Tensor:
@@ -123,8 +140,12 @@ class MultiScale(Encoding):
         `_pairwise` takes for a window whose last query is i."""
         query = distance.max()
         if self.input == "fire" and int(query) >= self.train_len:
-            return self._fire_input(distance, query)
-        return self._transform(distance)
+            return self._fire_input(self._clamped(distance), query)
+        return self._transform(self._clamped(distance))
+
+    def _clamped(self, d: Tensor) -> Tensor:
+        """Distances past `clamp` set to it (future ones, negative, untouched); d itself without a clamp."""
+        return d if self.clamp is None else d.clamp(max=self.clamp)
 
     def _transform(self, d: Tensor) -> Tensor:
         """The MLP's input for distances d, while the FIRE normaliser is the same for every query."""
@@ -140,7 +161,7 @@ class MultiScale(Encoding):
 
         Returns (H, L, L)."""
         i = pos.token.float()
-        d = i[:, None] - i[None, :]  # (L, L)
+        d = self._clamped(i[:, None] - i[None, :])  # (L, L)
         values, inverse = torch.unique(self._fire_input(d, i[:, None]), return_inverse=True)
         table = torch.cat([mlp(chunk) for chunk in values.split(CHUNK)], dim=1)  # (H, N)
         return table[:, inverse]  # (H, L, L)
