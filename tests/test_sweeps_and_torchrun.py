@@ -292,6 +292,37 @@ def test_the_structure_ablation_completes_the_main_grids_arms_at_their_picks() -
     assert cfg.encoding["levels"] == ["token"] and cfg.data.anchors is True
 
 
+def test_the_extrapolation_ablation_varies_one_option_of_the_main_grids_multiscale_row() -> None:
+    """Issue 28, part 2: five arms x seeds 0-4, each the main grid's multiscale job with one option changed,
+    joining the main study so that each is paired with the main grid's multiscale and ALiBi runs."""
+    parser = OverridesParser.create()
+    jobs = [
+        dict(o.split("=", 1) for o in j)
+        for j in expand_grids(preset_grids("study_extrapolation"), [], parser)
+    ]
+    main = main_grid_jobs()["multiscale"]
+    shared = {"encoding", "seed", "train.lr", "encoding.lr_mult"}
+    arms = sorted({tuple(sorted((k, v) for k, v in j.items() if k not in shared)) for j in jobs})
+    assert arms == [
+        (("encoding.clamp", "train"),),
+        (("encoding.input", "fire"),),
+        (("encoding.input", "log"),),
+        (("encoding.max_dist", "512"),),
+        (("train.precision", "fp32"),),
+    ]
+    assert sorted(j["seed"] for j in jobs) == sorted([str(s) for s in range(5)] * len(arms))
+    for job in jobs:
+        assert {k: job[k] for k in shared} == {**{k: main[k] for k in shared}, "seed": job["seed"]}
+    cfg = typed_config(["+experiment=study_extrapolation", *(f"{k}={v}" for k, v in jobs[-1].items())])
+    assert (cfg.logger.group, cfg.train.steps, cfg.eval.split, cfg.eval.extrapolation.enabled) == (
+        "study_main",
+        1000,
+        "test",
+        True,
+    )
+    assert cfg.encoding["clamp"] == "train" and not cfg.passkey.enabled
+
+
 def test_the_subword_arm_runs_the_core_encodings_with_bpe_at_their_picks() -> None:
     parser = OverridesParser.create()
     jobs = [dict(o.split("=", 1) for o in j) for j in expand_grids(preset_grids("study_bpe"), [], parser)]
