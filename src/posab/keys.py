@@ -206,6 +206,11 @@ def _where(keys: Iterable[str], metric: str, variant: str | None, corpus: str | 
     return [k for k in parsed(keys) if k.metric == metric and k.variant == variant and k.corpus == corpus]
 
 
+def key_corpora(keys: Iterable[str], metric: str = "ppl") -> list[str]:
+    """The evaluation corpora (`eval.corpora`) that `keys` hold `metric` on, by name."""
+    return sorted({k.corpus for k in parsed(keys) if k.corpus is not None and k.metric == metric})
+
+
 def key_lengths(
     keys: Iterable[str], metric: str, *, variant: str | None = None, corpus: str | None = None
 ) -> list[int]:

@@ -51,7 +51,7 @@ from torch import Tensor
 from posab.errors import require
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
-from posab.keys import key_lengths, metric_key, parse_key, parsed
+from posab.keys import key_corpora, key_lengths, metric_key, parse_key
 from posab.outputs import Column, Curves, EvalOutput, Table
 from posab.results import bin_centres, bin_edges
 
@@ -371,13 +371,8 @@ class Perplexity(Evaluator[PerplexityConfig]):
                 for n in key_lengths(keys, "bpb")
                 if n in ends
             ),
-            *(column for corpus in corpus_names(keys) for column in corpus_columns(keys, corpus)),
+            *(column for corpus in key_corpora(keys) for column in corpus_columns(keys, corpus)),
         ]
-
-
-def corpus_names(keys: Collection[str]) -> list[str]:
-    """The evaluation corpora (`eval.corpora`) that `keys` hold perplexities of, by name."""
-    return sorted({k.corpus for k in parsed(keys) if k.corpus and k.metric == "ppl"})
 
 
 def corpus_columns(keys: Collection[str], corpus: str) -> list[Column]:

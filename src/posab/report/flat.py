@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from posab.keys import key_lengths, metric_key, parsed
+from posab.keys import key_corpora, key_lengths, metric_key
 from posab.report.grouping import Row
 from posab.report.markdown import MISSING, markdown_table
 from posab.report.records import SEQ_LEN_KEY, RunRecord
@@ -91,11 +91,6 @@ def flat_counts(rows: Sequence[Row], corpus: str | None = None) -> list[FlatCoun
     return [c for c in counts if c is not None and c.n]
 
 
-def corpora(rows: Sequence[Row]) -> list[str]:
-    """The evaluation corpora (`eval.corpora`) some run of the rows has perplexities on, by name."""
-    return sorted({k.corpus for row in rows for r in row.runs for k in parsed(r.metrics) if k.corpus})
-
-
 def seeds_in_order(row: Row) -> list[RunRecord]:
     """The row's runs by seed (a run without one last)."""
     return sorted(row.runs, key=lambda r: (r.seed is None, r.seed or 0, r.name))
@@ -106,7 +101,7 @@ def flat_section(study: str, rows: Sequence[Row]) -> list[str]:
     line per row, then a per-seed table of each row whose runs disagree; none for a study without
     perplexities past the training length."""
     lines = []
-    for corpus in (None, *corpora(rows)):
+    for corpus in (None, *key_corpora(k for row in rows for r in row.runs for k in r.metrics)):
         lines += _flat_tables(study, flat_counts(rows, corpus), corpus)
     return [*lines, "Legend:", "", *(f"- {item}" for item in FLAT_LEGEND), ""] if lines else []
 
