@@ -25,8 +25,18 @@ from posab.plots import png_bytes
 
 TRAIN_LEN = 32
 LENGTHS = [16, 32, 64]
-DISTANCE_BIASED = {"alibi", "t5", "fire", "kerple", "multiscale", "hierarchical"}  # b(i - j) added to scores
-MLP_BIASED = {"multiscale", "hierarchical"}  # that bias is an MLP on features of the distance
+# b(i - j) added to scores (DAPE: its base bias, the prior its MLP builds on)
+DISTANCE_BIASED = {
+    "alibi",
+    "t5",
+    "fire",
+    "kerple",
+    "multiscale",
+    "hierarchical",
+    "dape_alibi",
+    "dape_multiscale",
+}
+MLP_BIASED = {"multiscale", "hierarchical", "dape_multiscale"}  # that bias is an MLP on distance features
 CPU = torch.device("cpu")
 
 

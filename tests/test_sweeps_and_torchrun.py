@@ -88,6 +88,9 @@ def swept_encodings(name: str) -> list[str]:
 
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+STUDY_CORE = {"nope", "sinusoidal", "alibi", "rope", "multiscale", "hierarchical"}  # issue 17's six
+# the ten encodings of the reference study's tuning and main grid (DAPE came later: study_dape.yaml)
+STUDY_TEN = sorted(STUDY_CORE | {"learned", "t5", "fire", "kerple"})
 EVERY_ENCODING = re.compile(r"\b(every|all|each) encodings?\b", re.IGNORECASE)
 
 
@@ -110,7 +113,7 @@ def test_every_experiment_grid_is_a_sweep_over_existing_options() -> None:
 
 
 def test_the_comment_test_finds_the_presets_that_claim_every_encoding() -> None:
-    assert {n for n in EXPERIMENTS if claims_every_encoding(n)} >= {"encodings", "tiny_grid", "pg_books_cpu"}
+    assert {n for n in EXPERIMENTS if claims_every_encoding(n)} >= {"encodings", "tiny_grid", "tune_lr"}
     assert not claims_every_encoding("anchors") and not claims_every_encoding("needle")
 
 
@@ -143,7 +146,7 @@ def preset_grids(name: str) -> list[dict[str, str]]:
 def test_the_pg_books_study_covers_every_encoding_x_3_seeds_and_its_ablations() -> None:
     parser = OverridesParser.create()
     jobs = expand_grids(preset_grids("pg_books_cpu"), parser.parse_overrides(["data.path=books"]), parser)
-    every_encoding = {p.stem for p in (CONF / "encoding").glob("*.yaml")}
+    every_encoding = set(STUDY_TEN)  # the ten encodings of its time
     main = [job for job in jobs if not any(o.startswith(("data.anchors=", "encoding.")) for o in job)]
     ablation = [job for job in jobs if "data.anchors=False" in job]
     forms = [job for job in jobs if any(o.startswith("encoding.form=") for o in job)]
@@ -230,9 +233,6 @@ def test_grid_sweeper_without_grids_says_what_it_needs(tmp_path: Path) -> None:
     assert "hydra.sweeper.grids" in proc.stderr
 
 
-STUDY_CORE = {"nope", "sinusoidal", "alibi", "rope", "multiscale", "hierarchical"}  # issue 17's six
-
-
 def test_the_main_study_runs_every_encoding_x_5_seeds_at_its_tuned_picks() -> None:
     """study_main's grids are part 2's picks (results/study/tuning/picks.csv), every encoding x seeds 0-4,
     the passkey stage and needle grid for the six core encodings only; each job is a valid config."""
@@ -241,16 +241,17 @@ def test_the_main_study_runs_every_encoding_x_5_seeds_at_its_tuned_picks() -> No
     parser = OverridesParser.create()
     grids = preset_grids("study_main")
     jobs = [dict(o.split("=", 1) for o in job) for job in expand_grids(grids, [], parser)]
-    assert sorted({job["encoding"] for job in jobs}) == sorted(picks) == ENCODINGS
+    assert sorted({job["encoding"] for job in jobs}) == sorted(picks) == STUDY_TEN
+    assert set(STUDY_TEN) <= set(ENCODINGS)
     for job in jobs:
         pick = picks[job["encoding"]]
         assert float(job["train.lr"]) == float(pick["lr"])
         assert float(job.get("encoding.lr_mult", 1)) == float(pick["lr_mult"])
         staged = job["encoding"] in STUDY_CORE
         assert job.get("passkey.enabled", "False") == job.get("eval.needle.enabled", "False") == str(staged)
-    assert sorted(job["seed"] for job in jobs) == sorted(["0", "1", "2", "3", "4"] * len(ENCODINGS))
+    assert sorted(job["seed"] for job in jobs) == sorted(["0", "1", "2", "3", "4"] * len(STUDY_TEN))
     one_seed = expand_grids(preset_grids("study_main"), parser.parse_overrides(["seed=1"]), parser)
-    assert len(one_seed) == len(ENCODINGS)  # `seed=N` on the command line: one seed per sweep
+    assert len(one_seed) == len(STUDY_TEN)  # `seed=N` on the command line: one seed per sweep
     for job in one_seed:
         cfg = typed_config(["+experiment=study_main", *job])
         assert cfg.train.steps == 1000 and cfg.eval.split == "test" and cfg.seed == 1
@@ -321,6 +322,29 @@ def test_the_extrapolation_ablation_varies_one_option_of_the_main_grids_multisca
         True,
     )
     assert cfg.encoding["clamp"] == "train" and not cfg.passkey.enabled
+
+
+def test_the_dape_rows_run_at_their_bases_picks_and_join_the_main_study() -> None:
+    """Issue 28, part 3: DAPE on ALiBi and on the multi-scale bias, seeds 0-2, each at its base's main-grid
+    rate and lr_mult (DAPE was not tuned), paired with the main grid's runs (logger.group study_main)."""
+    parser = OverridesParser.create()
+    jobs = [dict(o.split("=", 1) for o in j) for j in expand_grids(preset_grids("study_dape"), [], parser)]
+    main = main_grid_jobs()
+    assert sorted((j["encoding"], j["seed"]) for j in jobs) == [
+        (e, s) for e in ("dape_alibi", "dape_multiscale") for s in "012"
+    ]
+    for job in jobs:
+        base = main[job["encoding"].removeprefix("dape_")]
+        assert float(job["train.lr"]) == float(base["train.lr"])
+        assert float(job["encoding.lr_mult"]) == float(base.get("encoding.lr_mult", 1.0))
+    cfg = typed_config(["+experiment=study_dape", *(f"{k}={v}" for k, v in jobs[-1].items())])
+    assert (cfg.logger.group, cfg.train.steps, cfg.eval.split, cfg.eval.extrapolation.enabled) == (
+        "study_main",
+        1000,
+        "test",
+        True,
+    )
+    assert cfg.encoding["base"]["max_dist"] == 4096 and not cfg.passkey.enabled
 
 
 def test_the_subword_arm_runs_the_core_encodings_with_bpe_at_their_picks() -> None:

@@ -19,6 +19,10 @@
   dtype (`full_mask`; one matmul of R channels) and the flash kernel reads it. `BiasedAttention`'s backward
   recomputes P from it and carries dS into the factors directly, dU = dS E per query chunk: the
   (B, H, L, L) gradient of the per-sample part is never formed, nor any L x L index.
+- A score mixer (DAPE, form (4): S = A + B + f([A; B]) with an MLP f across heads at every pair):
+  `MixedAttention` runs f over query chunks and the keys they see, forward and backward, recomputing f's
+  hidden layer in the backward pass from the saved log-sum-exp; no (B, width, L, L) tensor lives longer
+  than one chunk, in training or in a 4,096-token evaluation.
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from posab.encodings import BiasFactors
 
@@ -53,6 +57,7 @@ def attention(
     scale: Tensor | None = None,
     factors: BiasFactors | None = None,
     whole: Tensor | None = None,
+    mixer: nn.Module | None = None,
 ) -> Tensor:
     """q, k, v: (B, H, T, D); mask: (1|B, H, T, T) additive, causal part included, or None -> (B, H, T, D).
 
@@ -60,8 +65,11 @@ def attention(
     (PyTorch has no FlexAttention backward on the CPU); everything else takes the SDPA paths. `scale`
     (1|B, H, T, T) multiplies q.k / sqrt(d) before the mask is added (form (2) of the design note): no
     fused kernel does that, so it takes an explicit softmax. `factors` add U E^T to the mask; `whole` is
-    `full_mask(mask, factors, q.dtype)` when the caller already built it (once for all layers).
+    `full_mask(mask, factors, q.dtype)` when the caller already built it (once for all layers). `mixer`
+    (DAPE's `ScoreMixer`) replaces the logits plus the bias by its function of both (`mixed_attention`).
     """
+    if mixer is not None:
+        return mixed_attention(q, k, v, mask, mixer, dropout)
     if factors is not None:
         trained = [t for t in (mask, factors.query) if t is not None and t.requires_grad]
         learned = torch.is_grad_enabled() and bool(trained)
@@ -94,12 +102,21 @@ def full_mask(mask: Tensor | None, factors: BiasFactors, dtype: torch.dtype) -> 
 
 
 def attention_scores(
-    q: Tensor, k: Tensor, mask: Tensor | None, scale: Tensor | None, start: int, end: int
+    q: Tensor,
+    k: Tensor,
+    mask: Tensor | None,
+    scale: Tensor | None,
+    start: int,
+    end: int,
+    mixer: nn.Module | None = None,
 ) -> Tensor:
     """Float32 scores of queries start:end over keys 0:end (later keys are masked anyway): (B, H, c, end).
 
     q k^T / sqrt(D), times `scale` (1|B, H, T, T) when given, plus `mask` (1|B, H, T, T) additive with its
-    causal part, or the causal mask when there is none. The matmul runs in q's dtype."""
+    causal part, or the causal mask when there is none; with a `mixer`, its function of the logits and the
+    bias (`mixed_scores`). The matmul runs in q's dtype."""
+    if mixer is not None:
+        return mixed_scores(q, k, mask, mixer, start, end)
     scores = torch.matmul(q[:, :, start:end], k[:, :, :end].transpose(-1, -2)).float()  # (B, H, c, end)
     scores = scores / math.sqrt(q.shape[-1])
     if scale is not None:
@@ -110,10 +127,16 @@ def attention_scores(
 
 
 def attention_probabilities(
-    q: Tensor, k: Tensor, mask: Tensor | None, scale: Tensor | None, start: int, end: int
+    q: Tensor,
+    k: Tensor,
+    mask: Tensor | None,
+    scale: Tensor | None,
+    start: int,
+    end: int,
+    mixer: nn.Module | None = None,
 ) -> Tensor:
     """softmax of `attention_scores` over the keys: (B, H, c, end) float32."""
-    return torch.softmax(attention_scores(q, k, mask, scale, start, end), dim=-1)
+    return torch.softmax(attention_scores(q, k, mask, scale, start, end, mixer), dim=-1)
 
 
 @dataclass
@@ -124,12 +147,14 @@ class AttentionInputs:
     k: Tensor  # (B, H, T, D), rotated by the encoding
     mask: Tensor | None  # (1|B, H, T, T) additive, causal part included, or None (causal only)
     scale: Tensor | None  # (1|B, H, T, T) multiplies q.k / sqrt(D) before the mask, or None
+    mixer: nn.Module | None = None  # the layer's function of logits and bias (DAPE), or None
 
     def probabilities(self, start: int = 0, end: int | None = None) -> Tensor:
         """The layer's attention probabilities of queries start:end over keys 0:end, in float32 from float32
         q and k: (B, H, c, end)."""
         end = self.q.shape[-2] if end is None else end
-        return attention_probabilities(self.q.float(), self.k.float(), self.mask, self.scale, start, end)
+        q, k = self.q.float(), self.k.float()
+        return attention_probabilities(q, k, self.mask, self.scale, start, end, self.mixer)
 
 
 def scaled_attention(
@@ -227,3 +252,199 @@ class BiasedAttention(torch.autograd.Function):
         d_mask = None if d_mask is None else d_mask.to(ctx.mask_shape[1])
         d_factor = None if d_factor is None else d_factor.to(ctx.factor_dtype)
         return dq, dk.to(k.dtype), dv.to(v.dtype), d_mask, None, d_factor, None
+
+
+class PairMLP(Protocol):
+    """What `mixed_attention` reads of a score mixer (DAPE's `ScoreMixer`): f = second(leaky(first(.)))."""
+
+    first: nn.Linear  # 2H -> width, over [logits; bias]
+    second: nn.Linear  # width -> H
+    slope: float  # the LeakyReLU's negative slope
+
+
+MIX_CHUNK = 64  # queries per chunk of `mixed_attention`
+
+
+def compute_dtype(q: Tensor) -> torch.dtype:
+    """The scores' dtype: float32, or float64 for float64 inputs (the exactness tests)."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+def future_keys(start: int, end: int, device: torch.device) -> Tensor:
+    """(c, end) bool: True where key j is after query i, for queries start:end."""
+    return torch.arange(end, device=device)[None, :] > torch.arange(start, end, device=device)[:, None]
+
+
+def channel_mix(weight: Tensor, x: Tensor) -> Tensor:
+    """A linear map over the head axis: weight (O, I), x (1|B, I, c, n) -> (1|B, O, c, n)."""
+    b, i, c, n = x.shape
+    flat = torch.matmul(weight, x.reshape(b, i, c * n))  # (B, I, c*n) -> (B, O, c*n)
+    return flat.view(b, weight.shape[0], c, n)  # (B, O, c*n) -> (B, O, c, n)
+
+
+def flat_pairs(x: Tensor) -> Tensor:
+    """(B, C, c, n) -> (B, C, c*n)."""
+    return x.reshape(*x.shape[:2], -1)
+
+
+@dataclass
+class MixedChunk:
+    """One query chunk of DAPE's scores, with what the backward pass differentiates through."""
+
+    logits: Tensor  # (B, H, c, n) A = q k^T / sqrt(D)
+    bias: Tensor  # (1|B, H, c, n) the bias B, 0 at future keys
+    hidden: Tensor  # (B, W, c, n) f's first layer before its activation
+    scores: Tensor  # (B, H, c, n) A + B + f([A; B]), -inf at future keys
+    future: Tensor  # (c, n) bool, key after query
+
+
+def mixed_chunk(
+    q: Tensor, k: Tensor, mask: Tensor | None, mixer: PairMLP, start: int, end: int
+) -> MixedChunk:
+    """DAPE's scores of queries start:end over keys 0:end. The bias is the mask with its causal part set to
+    0 (the reference's tril), the causal mask is applied after f."""
+    dtype, heads = compute_dtype(q), q.shape[1]
+    logits = torch.matmul(q[:, :, start:end], k[:, :, :end].transpose(-1, -2)).to(dtype)  # (B, H, c, n)
+    logits = logits / math.sqrt(q.shape[-1])
+    future = future_keys(start, end, q.device)  # (c, n)
+    if mask is None:
+        bias = logits.new_zeros(1, heads, end - start, end)  # (1, H, c, n)
+    else:
+        bias = mask[..., start:end, :end].to(dtype).masked_fill(future, 0.0)  # (1|B, H, c, n)
+    first = mixer.first.weight.to(dtype)  # (W, 2H): the logits' columns, then the bias's
+    hidden = channel_mix(first[:, :heads], logits) + channel_mix(first[:, heads:], bias)  # (B, W, c, n)
+    hidden = hidden + mixer.first.bias.to(dtype)[:, None, None]
+    activation = F.leaky_relu(hidden, mixer.slope)
+    mixed = channel_mix(mixer.second.weight.to(dtype), activation)  # (B, H, c, n)
+    scores = (mixed + mixer.second.bias.to(dtype)[:, None, None]).add_(logits).add_(bias)
+    return MixedChunk(logits, bias, hidden, scores.masked_fill_(future, float("-inf")), future)
+
+
+def mixed_scores(q: Tensor, k: Tensor, mask: Tensor | None, mixer: PairMLP, start: int, end: int) -> Tensor:
+    """`mixed_chunk`'s scores alone: (B, H, c, end)."""
+    return mixed_chunk(q, k, mask, mixer, start, end).scores
+
+
+def mixed_forward(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP
+) -> tuple[Tensor, Tensor]:
+    """softmax(A + B + f([A; B]) + causal) V by query chunks -> the output (B, H, T, D) in v's dtype and the
+    log-sum-exp of every row (B, H, T) in the scores' dtype."""
+    length, dtype = q.shape[-2], compute_dtype(q)
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    lse = torch.empty(q.shape[:3], dtype=dtype, device=q.device)
+    for start in range(0, length, MIX_CHUNK):
+        end = min(length, start + MIX_CHUNK)
+        scores = mixed_scores(q, k, mask, mixer, start, end)  # (B, H, c, end)
+        lse[:, :, start:end] = torch.logsumexp(scores, dim=-1)
+        probs = scores.sub_(lse[:, :, start:end, None]).exp_()  # (B, H, c, end)
+        out[:, :, start:end] = torch.matmul(probs.to(v.dtype), v[:, :, :end])
+    return out, lse
+
+
+def mixed_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP, dropout: float = 0.0
+) -> Tensor:
+    """Attention with DAPE's scores (module docstring): (B, H, T, D). No attention dropout: DAPE's scores
+    have no fused kernel to drop from, and the reference runs none."""
+    if dropout:
+        raise ValueError(f"model.dropout={dropout}: attention with a score mixer (DAPE) runs without dropout")
+    weights = (mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, mask, *weights)):
+        return MixedAttention.apply(q, k, v, mask, *weights, mixer)
+    return mixed_forward(q, k, v, mask, mixer)[0]
+
+
+class MixedAttention(torch.autograd.Function):
+    """`mixed_forward` with its own backward over the same query chunks: with P = softmax(S), dS = P * (dP
+    - rowsum(dO * O)) as in `BiasedAttention`, then through S = A + B + W2 g(W1 [A; B] + b1) + b2:
+    dW2 = dS g^T, dH = (W2^T dS) * g'(H), dW1 = dH [A; B]^T, dA = dS + W1_A^T dH (into dq, dk),
+    dB = dS + W1_B^T dH (into the mask, summed over the batch when it is shared)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        w1: Tensor,
+        b1: Tensor,
+        w2: Tensor,
+        b2: Tensor,
+        mixer: PairMLP,
+    ) -> Tensor:
+        out, lse = mixed_forward(q, k, v, mask, mixer)
+        ctx.mixer = mixer
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        mixer, dtype, heads = ctx.mixer, compute_dtype(q), q.shape[1]
+        d_out = d_out.to(dtype)
+        delta = (d_out * out.to(dtype)).sum(-1, keepdim=True)  # (B, H, T, 1)
+        grads = MixedGrads.zeros(q, k, v, mask if ctx.needs_input_grad[3] else None, mixer, dtype)
+        w1, w2 = mixer.first.weight.to(dtype), mixer.second.weight.to(dtype)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        for start in range(0, q.shape[-2], MIX_CHUNK):
+            end = min(q.shape[-2], start + MIX_CHUNK)
+            chunk = mixed_chunk(q, k, mask, mixer, start, end)
+            probs = chunk.scores.sub_(lse[:, :, start:end, None]).exp_()  # P: (B, H, c, end)
+            d_out_c, v_c = d_out[:, :, start:end], v[:, :, :end].to(dtype)
+            grads.v[:, :, :end] += torch.matmul(probs.transpose(-1, -2), d_out_c)
+            d_scores = torch.matmul(d_out_c, v_c.transpose(-1, -2))  # dP: (B, H, c, end)
+            d_scores.sub_(delta[:, :, start:end]).mul_(probs)  # dS
+            activation = F.leaky_relu(chunk.hidden, mixer.slope)  # (B, W, c, end)
+            grads.w2 += torch.matmul(flat_pairs(d_scores), flat_pairs(activation).transpose(1, 2)).sum(0)
+            grads.b2 += d_scores.sum((0, 2, 3))
+            d_hidden = channel_mix(w2.t(), d_scores)  # dg: (B, W, c, end)
+            d_hidden = d_hidden.where(chunk.hidden > 0, d_hidden * mixer.slope)  # dH = dg * g'(H)
+            grads.w1[:, :heads] += torch.matmul(
+                flat_pairs(d_hidden), flat_pairs(chunk.logits).transpose(1, 2)
+            ).sum(0)
+            shared_bias = d_hidden.sum(0, keepdim=True) if chunk.bias.shape[0] == 1 else d_hidden
+            grads.w1[:, heads:] += torch.matmul(
+                flat_pairs(shared_bias), flat_pairs(chunk.bias).transpose(1, 2)
+            ).sum(0)
+            grads.b1 += d_hidden.sum((0, 2, 3))
+            d_logits = channel_mix(w1[:, :heads].t(), d_hidden).add_(d_scores).mul_(scale)  # dA / sqrt(D)
+            grads.q[:, :, start:end] = torch.matmul(d_logits, k[:, :, :end].to(dtype))
+            grads.k[:, :, :end] += torch.matmul(d_logits.transpose(-1, -2), q[:, :, start:end].to(dtype))
+            if grads.mask is not None:
+                d_bias = channel_mix(w1[:, heads:].t(), d_hidden).add_(d_scores).masked_fill_(chunk.future, 0)
+                shared = grads.mask.shape[0] == 1
+                grads.mask[..., start:end, :end] = d_bias.sum(0, keepdim=True) if shared else d_bias
+        return grads.cast(q, k, v, mask, mixer)
+
+
+@dataclass
+class MixedGrads:
+    """The gradients `MixedAttention.backward` accumulates, in the scores' dtype."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    mask: Tensor | None
+    w1: Tensor
+    b1: Tensor
+    w2: Tensor
+    b2: Tensor
+
+    @staticmethod
+    def zeros(
+        q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP, dtype: torch.dtype
+    ) -> MixedGrads:
+        def zero(t: Tensor) -> Tensor:
+            return torch.zeros(t.shape, dtype=dtype, device=q.device)
+
+        layers = (mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias)
+        return MixedGrads(zero(q), zero(k), zero(v), None if mask is None else zero(mask), *map(zero, layers))
+
+    def cast(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP) -> tuple:
+        """The gradients in their inputs' dtypes, in `MixedAttention.forward`'s argument order."""
+        layers = (mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias)
+        mixed = [g.to(t.dtype) for g, t in zip((self.w1, self.b1, self.w2, self.b2), layers, strict=True)]
+        d_mask = None if self.mask is None or mask is None else self.mask.to(mask.dtype)
+        return (self.q.to(q.dtype), self.k.to(k.dtype), self.v.to(v.dtype), d_mask, *mixed, None)

@@ -30,7 +30,14 @@ def with_earlier_options(spec: dict[str, Any]) -> dict[str, Any]:
 
 def build_model(cfg: Config, vocab_size: int) -> DecoderLM:
     """The run's model; its encoding sees the run's seed (`Dims.seed`)."""
-    dims = Dims(cfg.model.d_model, cfg.model.n_heads, cfg.train.seq_len, max_positions(cfg), seed=cfg.seed)
+    dims = Dims(
+        cfg.model.d_model,
+        cfg.model.n_heads,
+        cfg.train.seq_len,
+        max_positions(cfg),
+        seed=cfg.seed,
+        n_layers=cfg.model.n_layers,
+    )
     return DecoderLM(cfg.model, vocab_size, build_encoding(with_earlier_options(cfg.encoding), dims))
 
 

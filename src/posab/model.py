@@ -69,8 +69,9 @@ def attention_dtype(x: Tensor) -> torch.dtype:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
+        self.index = index  # the layer's place in the stack (an encoding may hold a module per layer)
         self.n_heads = cfg.n_heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
@@ -91,12 +92,13 @@ class CausalSelfAttention(nn.Module):
         """x: (B, T, C) -> (B, T, C); `layer.observe`, when set, receives q, k, the whole mask and scale."""
         b, t, c = x.shape
         q, k, v = self.queries_keys_values(x, layer.encoding, layer.pos)  # 3 x (B, H, T, D)
+        mixer = layer.encoding.score_mixer(self.index)  # None but for DAPE
         if layer.observe is not None:
             mask = layer.mask if layer.whole is None else layer.whole
-            layer.observe(AttentionInputs(q, k, mask, layer.scale))
+            layer.observe(AttentionInputs(q, k, mask, layer.scale, mixer))
         dropout = self.dropout if self.training else 0.0
         y = attention(
-            q, k, v, layer.mask, dropout, self.backend, layer.scale, layer.factors, layer.whole
+            q, k, v, layer.mask, dropout, self.backend, layer.scale, layer.factors, layer.whole, mixer
         )  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))  # (B, H, T, D) -> (B, T, C)
 
@@ -112,10 +114,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, index)
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
@@ -132,7 +134,7 @@ class DecoderLM(nn.Module):
         self.vocab_size = vocab_size
         self.embed = nn.Embedding(vocab_size, cfg.d_model)
         self.encoding = encoding
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, index) for index in range(cfg.n_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied

@@ -1,8 +1,9 @@
 """The one interface the model calls, whatever encoding it holds.
 
 An encoding may add to the token embeddings (`embed`), rotate queries and keys (`rotate`), return an
-additive attention bias (`bias`, and a per-sample part of low rank as `bias_factors`) and/or a multiplicative
-factor on the attention scores (`score_scale`).
+additive attention bias (`bias`, and a per-sample part of low rank as `bias_factors`), a multiplicative
+factor on the attention scores (`score_scale`) and/or a function of the logits and the bias at every pair
+(`score_mixer`, per layer: DAPE).
 All are no-ops by default. Everything an encoding needs about positions arrives in one `Positions` value.
 An encoding may also offer evaluation-time variants (`variants`, `variant`: RoPE's context extensions),
 keep its parameters in their valid set after each optimizer step (`constrain`), report numbers about
@@ -40,6 +41,9 @@ class Dims:
         8192  # the largest position + 1 the run will use (evaluation and shift offsets included)
     )
     seed: int = 0  # the run's seed: an encoding that draws from its own generator seeds it from this
+    n_layers: int = (
+        1  # attention layers: an encoding with a module per layer (DAPE's score mixers) sizes on it
+    )
 
     @property
     def head_dim(self) -> int:
@@ -135,6 +139,11 @@ class Encoding(nn.Module):
         """Multiplicative factor (1 or B, H, T, T) on q.k / sqrt(d) before the bias, or None (form (2))."""
         return None
 
+    def score_mixer(self, layer: int) -> nn.Module | None:
+        """A function of the scaled logits A and the bias B at every pair that replaces A + B in attention
+        layer `layer` (form (4), DAPE's `ScoreMixer`: mixer(A, B) on (B, H, c, n) chunks), or None."""
+        return None
+
     def constrain(self) -> None:
         """Put the parameters back into their valid set; the optimizer calls it after every step (KERPLE's
         clamp). Nothing to do by default."""
@@ -197,6 +206,8 @@ def value_matches(value: Any, hint: Any) -> bool:
     if origin in (list, tuple):
         item = args[0] if args else Any
         return isinstance(value, list | tuple) and all(value_matches(v, item) for v in value)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
     if hint is type(None) or hint is None:
         return value is None
     if hint is bool:
@@ -215,6 +226,8 @@ def type_name(hint: Any) -> str:
         return " or ".join(type_name(arg) for arg in args)
     if origin in (list, tuple):
         return f"list of {type_name(args[0])}" if args else "list"
+    if origin is dict or hint is dict:
+        return "mapping (a config node)"
     if hint is type(None):
         return "None"
     return getattr(hint, "__name__", str(hint))

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from posab.encodings.base import Encoding, Positions
+from posab.encodings.dape import DAPE, ScoreMixer
 from posab.encodings.fire import FIRE
 from posab.encodings.hierarchical import Hierarchical
 from posab.encodings.multiscale import DistanceMLP, MultiScale
@@ -71,8 +72,25 @@ def fire_all_pairs(encoding: FIRE, pos: Positions) -> Tensor:
     return encoding.mlp(x[..., None]).permute(2, 0, 1)[None]  # (L, L, H) -> (1, H, L, L)
 
 
+def dape_attention_all_pairs(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: ScoreMixer
+) -> Tensor:
+    """DAPE's attention the reference code's way: the (B, H, L, L) logits and bias concatenated over heads,
+    f applied channels-last at every pair, then the causal mask and the softmax. q, k, v: (B, H, L, D);
+    mask: (1|B, H, L, L) bias plus causal mask, or None -> (B, H, L, D)."""
+    length = q.shape[-2]
+    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)  # (L, L) key after query
+    logits = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # (B, H, L, L)
+    bias = torch.zeros_like(logits[:1]) if mask is None else mask.masked_fill(future, 0.0)  # the tril'd bias
+    scores = mixer(logits, bias).masked_fill(future, float("-inf"))  # (B, H, L, L)
+    return torch.softmax(scores, dim=-1) @ v
+
+
 def all_pairs_reference(encoding: Encoding) -> Callable[[Positions], Tensor] | None:
-    """The encoding's all-pairs bias as a function of the positions, or None when it has none."""
+    """The encoding's all-pairs bias as a function of the positions, or None when it has none (DAPE: its
+    base's; its mixer's reference is `dape_attention_all_pairs`)."""
+    if isinstance(encoding, DAPE):
+        return all_pairs_reference(encoding.base)
     if isinstance(encoding, MultiScale):
         return partial(multiscale_all_pairs, encoding) if encoding.input == "raw" else None
     if isinstance(encoding, Hierarchical):

@@ -1,0 +1,102 @@
+"""DAPE (Zheng et al., 2024, "DAPE: Data-Adaptive Positional Encoding for Length Extrapolation", NeurIPS):
+the fourth form of the design note's section 3.3, a function of q, k and i - j together.
+
+Each layer's attention scores are
+
+    S = A + B + f([A; B]),   A = q k^T / sqrt(d) (B, H, L, L),   B = b_h(i - j) (1, H, L, L),
+
+where B is the base encoding's additive bias (ALiBi or the multi-scale bias here, as the paper builds on
+its baselines) and f is a small MLP across heads applied at every (i, j): Linear(2H, width), LeakyReLU,
+Linear(width, H). This is the reference code's parametrisation (github.com/chuanyang-Zheng/DAPE, DAPE.py,
+`AliBi_DAPE`: `mlp2 = Sequential(Linear(2 * num_heads, mlp_width), LeakyReLU(), Linear(mlp_width,
+num_heads))`, `mlp_width` 32, PyTorch's default Linear initialisation, and `x + a + mlp2(cat(x, a))` on the
+scaled logits x before the causal mask), with one MLP per attention layer (megatron/model/transformer.py
+builds the position module inside each layer's attention). Future keys (j > i) are masked after f, so f
+only sees the logits and the bias of the pairs it scores: the bias there is 0, as in the reference's tril.
+
+The model never forms f on all (B, H, L, L) pairs at once: `posab.attention.mixed_attention` runs f over
+query chunks and the keys they see (causality skips the rest), and recomputes it in the backward pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posab.encodings.base import Dims, Encoding, Positions
+from posab.errors import ConfigError
+
+LEAKY_SLOPE = 0.01  # nn.LeakyReLU's default, as the reference code uses it
+
+
+class ScoreMixer(nn.Module):
+    """f([A; B]): an MLP across heads at every (query, key) pair, 2H -> width -> H."""
+
+    def __init__(self, n_heads: int, width: int) -> None:
+        super().__init__()
+        self.n_heads, self.slope = n_heads, LEAKY_SLOPE
+        self.first = nn.Linear(2 * n_heads, width)
+        self.second = nn.Linear(width, n_heads)
+
+    def forward(self, logits: Tensor, bias: Tensor) -> Tensor:
+        """logits (B, H, c, n), bias (1|B, H, c, n) -> A + B + f([A; B]): (B, H, c, n), channels last as
+        the reference code computes it (the all-pairs reference and the attention analysis)."""
+        pair = torch.cat([logits, bias.expand_as(logits)], dim=1).permute(0, 2, 3, 1)  # (B, c, n, 2H)
+        hidden = F.leaky_relu(self.first(pair), self.slope)  # (B, c, n, width)
+        return logits + bias + self.second(hidden).permute(0, 3, 1, 2)  # (B, c, n, H) -> (B, H, c, n)
+
+
+def additive_only(encoding: Encoding) -> bool:
+    """Whether an encoding acts only through its additive bias `bias` (what DAPE can build on)."""
+    cls = type(encoding)
+    hooks_untouched = all(
+        getattr(cls, hook) is getattr(Encoding, hook) for hook in ("embed", "rotate", "bias_factors")
+    )
+    return hooks_untouched and encoding.score_scale(Positions.build(2)) is None
+
+
+class DAPE(Encoding):
+    def __init__(self, dims: Dims, base: dict[str, Any], width: int = 32) -> None:
+        super().__init__(dims)
+        from posab.encodings import build_encoding  # the package builds encodings; it imports this module
+
+        if isinstance(width, bool) or width < 1:
+            raise ConfigError(
+                f"dape width={width!r}: use the MLP's hidden width, an integer >= 1 (paper: 32)"
+            )
+        if "_target_" not in base:
+            raise ConfigError(f"dape base={base!r}: name the base encoding's _target_ (ALiBi, MultiScale)")
+        self.base = build_encoding(base, dims)
+        if not additive_only(self.base):
+            raise ConfigError(
+                f"dape base {base['_target_']!r} acts beyond an additive bias (embeddings, rotation, a score "
+                "scale or per-sample factors); DAPE builds on an additive bias: ALiBi, T5, FIRE, KERPLE or "
+                "multiscale with form=additive"
+            )
+        self.relative_only, self.static_bias = self.base.relative_only, self.base.static_bias
+        self.mixers = nn.ModuleList(ScoreMixer(dims.n_heads, width) for _ in range(dims.n_layers))
+
+    def bias(self, pos: Positions) -> Tensor | None:
+        return self.base.bias(pos)
+
+    def score_mixer(self, layer: int) -> ScoreMixer:
+        return self.mixers[layer]
+
+    def distance_bias(self, distance: Tensor) -> Tensor | None:
+        """The base encoding's b_h(d) (the extrapolation audit reads the prior f builds on)."""
+        reader = getattr(self.base, "distance_bias", None)
+        return None if reader is None else reader(distance)
+
+    def bias_features(self, distance: Tensor) -> Tensor | None:
+        """The base MLP's input features (the audit's novelty), or None when the base has no MLP."""
+        reader = getattr(self.base, "bias_features", None)
+        return None if reader is None else reader(distance)
+
+    def constrain(self) -> None:
+        self.base.constrain()
+
+    def summary(self) -> dict[str, float]:
+        return self.base.summary()
