@@ -14,6 +14,7 @@ from posab.bench import bias, eval_forward, flops, output, peer, profile, train_
 from posab.bench.progress import Progress
 from posab.bench.settings import Settings
 from posab.bench.targets import evaluate
+from posab.paths import encoding_names
 
 SECTIONS: dict[int, Callable[[Settings, Progress], output.Result]] = {
     1: bias.section,
@@ -33,6 +34,14 @@ def parse_sections(text: str) -> list[int]:
     return sections
 
 
+def encoding_list(text: str) -> tuple[str, ...]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in encoding_names()]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown encoding(s) {unknown}; pick from {encoding_names()}")
+    return tuple(dict.fromkeys(["nope", "alibi", *names]))
+
+
 def positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -47,6 +56,13 @@ def parser() -> argparse.ArgumentParser:
         "--out", type=Path, help=f"output folder (default {output.FULL_OUT}; {output.QUICK_OUT} with --quick)"
     )
     parser.add_argument("--sections", type=parse_sections, default=sorted(SECTIONS), help="e.g. 1,2,5")
+    parser.add_argument(
+        "--encodings",
+        type=encoding_list,
+        default=(),
+        help="sections 2 and 3 time only these, e.g. dape_alibi (default: every encoding; NoPE and ALiBi, "
+        "the ratios' references, are always added)",
+    )
     parser.add_argument("--repeats", type=positive, help="timed runs (default 5; 1 with --quick)")
     parser.add_argument("--threads", type=positive, help="torch threads (default all cores; 1 with --quick)")
     parser.add_argument(
@@ -70,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     threads = args.threads or (1 if args.quick else None)
     if threads:
         torch.set_num_threads(threads)
-    settings, progress = Settings.build(args.quick, args.repeats), Progress(args.progress)
+    settings = Settings.build(args.quick, args.repeats, args.encodings)
+    progress = Progress(args.progress)
     out = output.output_folder(args.out, args.quick)
     if args.quick and args.out is None:
         say(f"quick run: writing to {out}/ ({output.FULL_OUT}/ is left to full runs)")

@@ -1,5 +1,5 @@
 """Section 3: one evaluation forward pass (inference mode) of every encoding at every evaluation length,
-with the evaluation batch rule max(1, eval.batch_tokens // L): time and peak memory."""
+with the evaluation batch rule max(1, eval.batch_tokens // L): time and peak memory (also over ALiBi's)."""
 
 from __future__ import annotations
 
@@ -15,18 +15,27 @@ from posab.bench.settings import CPU, Settings, precision
 from posab.config import Config
 from posab.device import autocast
 from posab.model import DecoderLM
-from posab.paths import encoding_names
 
 
 def section(settings: Settings, progress: Progress) -> Result:
     result = Result("section3_eval_forward", "3. Evaluation forward pass for every encoding")
-    for name in progress.over(encoding_names(), "section 3"):
+    for name in progress.over(settings.encoding_names(), "section 3"):
         cfg = settings.config(name)
         model = posab_model(cfg).eval()
         for length in cfg.eval.lengths:
             progress.note(f"L={length}")
             result.rows.append(forward_row(name, model, cfg, length, settings))
+    add_memory_ratios(result.rows)
     return result
+
+
+def add_memory_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's peak memory over ALiBi's at its length (`peak_ratio_to_alibi`, NaN without ALiBi): the
+    memory an evaluation with an additive bias needs, its (1, H, L, L) mask, as the reference."""
+    alibi = {row["length"]: row["peak_mib"] for row in rows if row["encoding"] == "alibi"}
+    for row in rows:
+        reference = alibi.get(row["length"])
+        row["peak_ratio_to_alibi"] = row["peak_mib"] / reference if reference else float("nan")
 
 
 def forward_row(name: str, model: DecoderLM, cfg: Config, length: int, settings: Settings) -> dict[str, Any]:

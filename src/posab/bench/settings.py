@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from posab.config import Config, load_config
 from posab.device import autocast_dtype
-from posab.paths import conf_dir
+from posab.paths import conf_dir, encoding_names
 
 CPU = torch.device("cpu")
 QUICK_MODEL = "tiny"
@@ -34,12 +34,17 @@ class Settings:
     overrides: tuple[str, ...]
     matmul_size: int
     flops_models: tuple[str, ...]  # section 5's model configs
+    encodings: tuple[str, ...] = ()  # sections 2 and 3 time these (every encoding when empty)
 
     @staticmethod
-    def build(quick: bool, repeats: int | None) -> Settings:
+    def build(quick: bool, repeats: int | None, encodings: tuple[str, ...] = ()) -> Settings:
         if quick:
-            return Settings(True, repeats or 1, 1, QUICK_OVERRIDES, 256, (QUICK_MODEL,))
-        return Settings(False, repeats or 5, 2, (), 2048, ("small", "medium"))
+            return Settings(True, repeats or 1, 1, QUICK_OVERRIDES, 256, (QUICK_MODEL,), encodings)
+        return Settings(False, repeats or 5, 2, (), 2048, ("small", "medium"), encodings)
+
+    def encoding_names(self) -> list[str]:
+        """The encodings sections 2 and 3 time: the chosen ones, or every conf/encoding/*.yaml."""
+        return list(self.encodings) or encoding_names()
 
     def config(self, encoding: str | None = None, *extra: str) -> Config:
         """The composed run config with the benchmark's overrides (and `encoding=NAME` when given, and

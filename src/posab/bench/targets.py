@@ -15,11 +15,13 @@ from typing import Any
 LONGEST = "longest"  # a cell value in `Goal.rows`: keep the rows where that column is largest
 SIGNS = {">=": True, "<=": False}  # at least / at most
 BIAS, STEP, PEER, FLOPS = "section1_bias", "section2_train_step", "section4_x_transformers", "section5_flops"
+EVAL = "section3_eval_forward"
 TIME = "multiscale {phase} L={length}: all-pairs / distinct time"
 MEMORY = "multiscale {phase} L={length}: all-pairs / distinct peak memory"
 STEP_RATIO = "{encoding} step time / nope"
 PEER_RATIO = "{posab} / x-transformers {x_transformers} step time"
 FLOPS_SHARE = "model={model} FLOP/s / {dtype} matmul peak"
+EVAL_MEMORY = "{encoding} evaluation L={length}: peak memory / alibi's"
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,12 @@ GOALS: tuple[Goal, ...] = (
     Goal(STEP, "encoding=rope", "ratio_to_nope <= 1.10", STEP_RATIO),
     Goal(STEP, "encoding=multiscale", "ratio_to_nope <= 1.25", STEP_RATIO),
     Goal(STEP, "encoding=hierarchical", "ratio_to_nope <= 1.25", STEP_RATIO),
+    # DAPE (issue 28, part 3): a training step within 2x of NoPE's, and a 4,096-token evaluation within the
+    # memory an additive bias's evaluation needs (ALiBi's: its (1, H, L, L) mask)
+    Goal(STEP, "encoding=dape_alibi", "ratio_to_nope <= 2", STEP_RATIO),
+    Goal(STEP, "encoding=dape_multiscale", "ratio_to_nope <= 2", STEP_RATIO),
+    Goal(EVAL, "encoding=dape_alibi length=longest", "peak_ratio_to_alibi <= 1.5", EVAL_MEMORY),
+    Goal(EVAL, "encoding=dape_multiscale length=longest", "peak_ratio_to_alibi <= 1.5", EVAL_MEMORY),
     # the training step against x-transformers' with the same sizes
     Goal(PEER, "posab=rope", "ratio <= 0.6", PEER_RATIO),
     Goal(PEER, "posab=alibi", "ratio <= 0.6", PEER_RATIO),

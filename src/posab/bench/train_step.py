@@ -8,12 +8,11 @@ from posab.bench.output import Result
 from posab.bench.progress import Progress
 from posab.bench.settings import Settings
 from posab.bench.steps import training_step
-from posab.paths import encoding_names
 
 
 def section(settings: Settings, progress: Progress) -> Result:
     result = Result("section2_train_step", "2. Training step time for every encoding")
-    configs = {name: settings.config(name) for name in progress.over(encoding_names(), "section 2")}
+    configs = {name: settings.config(name) for name in progress.over(settings.encoding_names(), "section 2")}
     steps = [training_step(posab_model(cfg), cfg) for cfg in configs.values()]
     progress.note(f"{len(configs)} encodings, interleaved")
     times = dict(zip(configs, median_times(steps, settings.warmup, settings.repeats), strict=True))
