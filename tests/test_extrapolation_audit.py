@@ -19,7 +19,7 @@ from posab.errors import ConfigError
 from posab.evaluate import EvalConfig, run_evaluator
 from posab.evaluate.context import EvalContext
 from posab.evaluate.extrapolation import ExtrapolationAudit, ExtrapolationConfig, bias_summary, input_novelty
-from posab.keys import parse_key
+from posab.keys import format_key, parse_key
 from posab.outputs import EvalOutput
 from posab.plots import png_bytes
 
@@ -120,7 +120,8 @@ def test_every_encoding_gets_attention_statistics_and_bias_curves_where_it_has_t
     ctx = context(corpus, encoding)
     output = audit(ctx)
     scalars, layers, heads = output.scalars, len(ctx.model.blocks), ctx.model.cfg.n_heads
-    assert all(parse_key(key) is None for key in scalars)  # outside posab.keys' grammar, like attn/...
+    # every audit scalar is a key of posab.keys' audit family, in its one written form
+    assert all(parse_key(key) is not None and format_key(parse_key(key)) == key for key in scalars)
     for length in LENGTHS:
         for layer in range(layers):
             for head in range(heads):

@@ -156,3 +156,41 @@ def test_the_helpers_select_by_metric_variant_and_corpus() -> None:
     assert needle_digits(keys) == [0, 4]
     assert shift_sizes(keys, "offset", "kl") == [1, 64]
     assert key_variants(keys) == ["pi", "ntk", "yarn"]
+
+
+AUDIT_WRITTEN = [  # the extrapolation audit's strings, as results.json and runs.csv hold them
+    ("audit/bias_jump", MetricKey("bias_jump")),
+    ("audit/bias_jump/head3", MetricKey("bias_jump", head=3)),
+    ("audit/bias_end/head0", MetricKey("bias_end", head=0)),
+    ("audit/bias_max_beyond/head1", MetricKey("bias_max_beyond", head=1)),
+    ("audit/novelty_outside@4096", MetricKey("novelty_outside", 4096)),
+    ("audit/novelty_nearest_mean@512", MetricKey("novelty_nearest_mean", 512)),
+    ("audit/entropy@2048", MetricKey("entropy", 2048)),
+    ("audit/distance@4096/layer3/head0", MetricKey("distance", 4096, layer=3, head=0)),
+]
+
+
+@pytest.mark.parametrize(("text", "key"), AUDIT_WRITTEN)
+def test_audit_keys_round_trip(text: str, key: MetricKey) -> None:
+    assert parse_key(text) == key and format_key(key) == text and key.family == "audit"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "audit/bias_end",  # a per-head summary needs its head
+        "audit/entropy@4096/layer1",  # a layer needs a head
+        "audit/entropy/layer0/head0",  # attention statistics need a length
+        "audit/novelty_outside@512/head1",  # novelty is per length only
+        "audit/bias_jump@512",  # the bias summary has no length
+        "audit/unknown@512",
+    ],
+)
+def test_malformed_audit_keys_parse_to_none(text: str) -> None:
+    assert parse_key(text) is None
+
+
+def test_audit_lengths_are_the_mean_keys_not_the_per_head_ones() -> None:
+    keys = ["audit/entropy@512", "audit/entropy@4096/layer0/head1", "audit/entropy@1024", "ppl/8192"]
+    assert key_lengths(keys, "entropy") == [512, 1024]
+    assert metric_key("entropy", 4096, layer=0, head=1) == keys[1]

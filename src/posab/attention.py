@@ -287,7 +287,9 @@ class MixedChunk:
     future: Tensor  # (c, n) bool, key after query
 
 
-def mixed_chunk(q: Tensor, k: Tensor, mask: Tensor | None, mixer: PairMLP, start: int, end: int) -> MixedChunk:
+def mixed_chunk(
+    q: Tensor, k: Tensor, mask: Tensor | None, mixer: PairMLP, start: int, end: int
+) -> MixedChunk:
     """DAPE's scores of queries start:end over keys 0:end. The bias is the mask with its causal part set to
     0 (the reference's tril), the causal mask is applied after f."""
     dtype, heads = compute_dtype(q), q.shape[1]

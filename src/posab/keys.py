@@ -8,7 +8,11 @@ loggers and the report read them back through this module only. Three families:
 - needle (`posab.evaluate.needle`): `needle/METRIC` (over the grid), `needle/METRIC@L` (one length),
   `needle/METRIC@L/depthD` (one cell; D as Python writes the float: `depth0.25`), `needle/digit_acc/dI`
   and `needle/digit_acc@L/dI` (digit I of the key);
-- shift (`posab.evaluate.shift`): `shift/{offset|prefix|context}K/METRIC`, e.g. `shift/offset512/kl`.
+- shift (`posab.evaluate.shift`): `shift/{offset|prefix|context}K/METRIC`, e.g. `shift/offset512/kl`;
+- audit (`posab.evaluate.extrapolation`): `audit/METRIC[@L][/layerN][/headH]`: the bias summary per head
+  (`audit/bias_end/head0`; `audit/bias_jump`, the largest over heads), the MLP input novelty at each length
+  (`audit/novelty_outside@4096`) and the attention statistics (`audit/entropy@4096`, the mean over layers
+  and heads, and `audit/entropy@4096/layer1/head2`).
 
 VARIANT is an evaluation-time variant of the encoding (RoPE's scalings `pi`, `ntk`, `yarn`); no variant is
 the model as trained. Only the perplexity family is measured under variants today; the needle and shift
@@ -28,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-PPL, NEEDLE, SHIFT = "ppl", "needle", "shift"  # the families
+PPL, NEEDLE, SHIFT, AUDIT = "ppl", "needle", "shift", "audit"  # the families
 PPL_METRICS = (
     "loss",
     "ppl",
@@ -47,15 +51,24 @@ NEEDLE_METRICS = ("acc", "logprob", "gain", "digit_acc", "attn_mass", "attn_laye
 NEEDLE_CELL_METRICS = ("acc", "logprob", "gain")  # the metrics with a value per (length, depth) cell
 SHIFT_METRICS = ("max_abs_logit", "kl", "top1_agree", "dloss")
 SHIFT_KINDS = ("offset", "prefix", "context")
+AUDIT_HEAD_METRICS = ("bias_end", "bias_min_beyond", "bias_max_beyond")  # per head only
+AUDIT_LENGTH_METRICS = ("novelty_outside", "novelty_outside_max", "novelty_nearest", "novelty_nearest_mean")
+AUDIT_ATTENTION_METRICS = ("entropy", "distance")  # at a length; per (layer, head) or their mean
+AUDIT_METRICS = (*AUDIT_HEAD_METRICS, "bias_jump", *AUDIT_LENGTH_METRICS, *AUDIT_ATTENTION_METRICS)
 FAMILY_OF = {
     metric: family
-    for family, metrics in ((PPL, PPL_METRICS), (NEEDLE, NEEDLE_METRICS), (SHIFT, SHIFT_METRICS))
+    for family, metrics in (
+        (PPL, PPL_METRICS),
+        (NEEDLE, NEEDLE_METRICS),
+        (SHIFT, SHIFT_METRICS),
+        (AUDIT, AUDIT_METRICS),
+    )
     for metric in metrics
 }
 CORPUS_SEPARATOR = ":"  # `wikitext2:ppl/512`
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # a corpus or a variant
-COUNTS = ("length", "digit", "k")  # the integer fields
-POSITIONAL = ("length", "depth", "digit", "shift", "k")  # the fields each family allows differently
+COUNTS = ("length", "digit", "k", "layer", "head")  # the integer fields
+POSITIONAL = ("length", "depth", "digit", "shift", "k", "layer", "head")  # allowed differently per family
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,8 @@ class MetricKey:
     shift: str | None = None  # shift kind: offset, prefix or context
     k: int | None = None  # shift size in tokens
     corpus: str | None = None  # evaluation corpus (`eval.corpora`); None: `eval.split`
+    layer: int | None = None  # audit: the attention layer
+    head: int | None = None  # audit: the attention head
 
     def __post_init__(self) -> None:
         problem = _problem(self)
@@ -79,7 +94,7 @@ class MetricKey:
 
     @property
     def family(self) -> str:
-        """ppl, needle or shift: which evaluator measures the metric."""
+        """ppl, needle, shift or audit: which evaluator measures the metric."""
         return FAMILY_OF[self.metric]
 
 
@@ -103,6 +118,8 @@ def _problem(key: MetricKey) -> str:
         return f"shift kind {key.shift!r}; kinds: {', '.join(SHIFT_KINDS)}"
     if key.depth is not None and key.length is None:
         return "a needle depth needs a length"
+    if key.layer is not None and key.head is None:
+        return "an audit layer needs a head"
     return ""
 
 
@@ -112,6 +129,14 @@ def _fields_of(key: MetricKey) -> tuple[set[str], set[str]]:
         return {"length"}, {"length"}
     if key.family == SHIFT:
         return {"shift", "k"}, {"shift", "k"}
+    if key.family == AUDIT:
+        if key.metric in AUDIT_HEAD_METRICS:
+            return {"head"}, {"head"}
+        if key.metric == "bias_jump":
+            return set(), {"head"}
+        if key.metric in AUDIT_LENGTH_METRICS:
+            return {"length"}, {"length"}
+        return {"length"}, {"length", "layer", "head"} if key.layer is not None else {"length"}
     if key.metric == "digit_acc":
         return {"digit"}, {"length", "digit"}
     return set(), {"length", "depth"} if key.metric in NEEDLE_CELL_METRICS else {"length"}
@@ -124,6 +149,11 @@ def format_key(key: MetricKey) -> str:
         body = f"{key.metric}{variant}/{key.length}"
     elif key.family == SHIFT:
         body = f"shift{variant}/{key.shift}{key.k}/{key.metric}"
+    elif key.family == AUDIT:
+        body = f"audit{variant}/{key.metric}"
+        body += f"@{key.length}" if key.length is not None else ""
+        body += f"/layer{key.layer}" if key.layer is not None else ""
+        body += f"/head{key.head}" if key.head is not None else ""
     else:
         body = f"needle{variant}/{key.metric}"
         body += f"@{key.length}" if key.length is not None else ""
@@ -141,6 +171,10 @@ GRAMMAR = (  # one pattern per family; the fields are checked by MetricKey
         r"(?:/depth(?P<depth>[0-9.e+-]+)|/d(?P<digit>\d+))?"
     ),
     re.compile(rf"{_CORPUS}shift{_VARIANT}/(?P<shift>{'|'.join(SHIFT_KINDS)})(?P<k>\d+)/(?P<metric>\w+)"),
+    re.compile(
+        rf"{_CORPUS}audit{_VARIANT}/(?P<metric>[a-z_]+)(?:@(?P<length>\d+))?"
+        r"(?:/layer(?P<layer>\d+))?(?:/head(?P<head>\d+))?"
+    ),
 )
 
 
@@ -174,6 +208,8 @@ def _from_groups(groups: dict[str, str | None]) -> MetricKey | None:
             shift=groups.get("shift"),
             k=number("k"),
             corpus=groups.get("corpus"),
+            layer=number("layer"),
+            head=number("head"),
         )
     except ValueError:  # a depth that is no number, or fields that make no key
         return None
@@ -189,11 +225,14 @@ def metric_key(
     shift: str | None = None,
     k: int | None = None,
     corpus: str | None = None,
+    layer: int | None = None,
+    head: int | None = None,
 ) -> str:
     """The written key of a metric: `metric_key("ppl", 4096, variant="yarn")` is `ppl@yarn/4096`,
     `metric_key("acc", 512, depth=0.25)` is `needle/acc@512/depth0.25`, `metric_key("kl", shift="offset",
-    k=512)` is `shift/offset512/kl`."""
-    return format_key(MetricKey(metric, length, variant, depth, digit, shift, k, corpus))
+    k=512)` is `shift/offset512/kl`, `metric_key("entropy", 4096, layer=1, head=0)` is
+    `audit/entropy@4096/layer1/head0`."""
+    return format_key(MetricKey(metric, length, variant, depth, digit, shift, k, corpus, layer, head))
 
 
 def parsed(keys: Iterable[str]) -> list[MetricKey]:
@@ -215,9 +254,10 @@ def key_lengths(
     keys: Iterable[str], metric: str, *, variant: str | None = None, corpus: str | None = None
 ) -> list[int]:
     """The lengths L, sorted, of the one-length keys of `metric` among `keys`: `ppl/L` for "ppl",
-    `needle/acc@L` (not its cells) for "acc"; under `variant` on `corpus` (None: plain, `eval.split`)."""
-    found = _where(keys, metric, variant, corpus)
-    return sorted({k.length for k in found if k.length is not None and k.depth is None and k.digit is None})
+    `needle/acc@L` (not its cells) for "acc", `audit/entropy@L` (not per head) for "entropy"; under `variant`
+    on `corpus` (None: plain, `eval.split`)."""
+    found = [k for k in _where(keys, metric, variant, corpus) if k.length is not None]
+    return sorted({k.length for k in found if k.depth is None and k.digit is None and k.head is None})
 
 
 def shift_sizes(

@@ -50,7 +50,6 @@ audit runs on the language model, before it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -65,10 +64,11 @@ from posab.errors import require
 from posab.evaluate.attention_analysis import grid_scalars, statistics_grid, stats_table
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
+from posab.keys import AUDIT, key_lengths, metric_key
 from posab.outputs import Column, EvalOutput, Table
 from posab.plots import new_figure
 
-PREFIX = "audit"
+PREFIX = AUDIT  # the keys' family (posab.keys)
 OUTSIDE_SLACK = 4 * torch.finfo(torch.float32).eps  # relative: a few float32 ulps of the bound
 SUMMARY = ("at_end", "min_beyond", "max_beyond", "jump", "jump_rel")
 SUMMARY_KEYS = {  # the per-head scalars: `audit/KEY/headH`
@@ -107,12 +107,6 @@ class BiasFeatures(Protocol):
         ...
 
 
-def audit_key(metric: str, length: int | None = None, head: int | None = None) -> str:
-    """`audit/METRIC[@L][/headH]`, the audit's scalar keys."""
-    at = "" if length is None else f"@{length}"
-    return f"{PREFIX}/{metric}{at}" + ("" if head is None else f"/head{head}")
-
-
 def bias_curve(
     encoding: object, length: int, device: torch.device, dtype: torch.dtype | None
 ) -> Tensor | None:
@@ -146,12 +140,12 @@ def summary_scalars(summary: dict[str, Tensor]) -> dict[str, float]:
     """The per-head scalars of a `bias_summary`, and the largest relative jump over heads (NaN heads left
     out)."""
     scalars = {
-        audit_key(key, head=h): value
+        metric_key(key, head=h): value
         for name, key in SUMMARY_KEYS.items()
         for h, value in enumerate(summary[name].tolist())
     }
     defined = summary["jump_rel"][~summary["jump_rel"].isnan()]  # heads whose range inside is not 0
-    scalars[audit_key("bias_jump")] = float(defined.max()) if defined.numel() else float("nan")
+    scalars[metric_key("bias_jump")] = float(defined.max()) if defined.numel() else float("nan")
     return scalars
 
 
@@ -214,10 +208,10 @@ def novelty_scalars(found: dict[int, tuple[Tensor, Tensor]]) -> dict[str, float]
     nearest-input distance over distances."""
     scalars: dict[str, float] = {}
     for length, (outside, nearest) in found.items():
-        scalars[audit_key("novelty_outside", length)] = float(outside.mean())
-        scalars[audit_key("novelty_outside_max", length)] = float(outside.max())
-        scalars[audit_key("novelty_nearest", length)] = float(nearest.max())
-        scalars[audit_key("novelty_nearest_mean", length)] = float(nearest.mean())
+        scalars[metric_key("novelty_outside", length)] = float(outside.mean())
+        scalars[metric_key("novelty_outside_max", length)] = float(outside.max())
+        scalars[metric_key("novelty_nearest", length)] = float(nearest.max())
+        scalars[metric_key("novelty_nearest_mean", length)] = float(nearest.mean())
     return scalars
 
 
@@ -267,7 +261,7 @@ def attention_output(ctx: EvalContext, windows: int) -> EvalOutput:
     for i, length in enumerate(grid["lengths"]):
         scalars.update(grid_scalars(grid, i, PREFIX))
         for name in ("entropy", "distance"):
-            scalars[audit_key(name, length)] = float(np.mean(grid[name][i]))
+            scalars[metric_key(name, length)] = float(np.mean(grid[name][i]))
     return EvalOutput(
         scalars=scalars, data={f"{PREFIX}/grid": grid}, tables={"extrapolation_attention": stats_table(grid)}
     )
@@ -294,28 +288,22 @@ class ExtrapolationAudit(Evaluator[ExtrapolationConfig]):
     def report_columns(keys: Collection[str]) -> list[Column]:
         """The largest relative bias jump, and novelty and mean entropy at the longest length audited."""
         columns = []
-        if audit_key("bias_jump") in keys:
+        if metric_key("bias_jump") in keys:
             legend = (
                 "largest step |b_h(d) − b_h(d−1)| of the additive bias past the training length, over "
                 "the range b_h takes within it; the largest over heads (`audit/bias_jump`; ALiBi: "
                 "1/(L_train − 1))"
             )
-            columns.append(Column("bias jump", audit_key("bias_jump"), ".3g", legend))
-        if (n := _longest(keys, "novelty_outside")) is not None:
+            columns.append(Column("bias jump", metric_key("bias_jump"), ".3g", legend))
+        if (n := max(key_lengths(keys, "novelty_outside"), default=None)) is not None:
             legend = (
                 f"fraction of the bias MLP's input features outside their training range at length {n}, "
                 f"mean over features (`audit/novelty_outside@{n}`; 0 = no unseen inputs)"
             )
-            columns.append(Column(f"novelty@{n}", audit_key("novelty_outside", n), ".3f", legend))
-        if (n := _longest(keys, "entropy")) is not None:
+            columns.append(Column(f"novelty@{n}", metric_key("novelty_outside", n), ".3f", legend))
+        if (n := max(key_lengths(keys, "entropy"), default=None)) is not None:
             legend = (
                 f"attention entropy at length {n}, mean over layers and heads, nats (`audit/entropy@{n}`)"
             )
-            columns.append(Column(f"entropy@{n}", audit_key("entropy", n), ".3f", legend))
+            columns.append(Column(f"entropy@{n}", metric_key("entropy", n), ".3f", legend))
         return columns
-
-
-def _longest(keys: Collection[str], metric: str) -> int | None:
-    """The largest L of the keys `audit/METRIC@L` among `keys`, or None."""
-    pattern = re.compile(rf"{PREFIX}/{metric}@(\d+)")
-    return max((int(m.group(1)) for k in keys if (m := pattern.fullmatch(k))), default=None)
