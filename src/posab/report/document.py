@@ -15,6 +15,7 @@ import pandas as pd
 from posab.report.claims import CLAIMS_FAMILY, Claim
 from posab.report.curves import plot_training_curves, trained_rows
 from posab.report.figures import plot_needle, plot_position_loss, plot_ppl_vs_length, plot_shift
+from posab.report.audit import audit_section
 from posab.report.flat import flat_section
 from posab.report.grouping import Row, group_rows
 from posab.report.markdown import MISSING, markdown_table, study_table
@@ -346,7 +347,8 @@ def write_report(
     failed = [r for r in runs if not r.finished]
     lines = _provenance(runs, len(failed))
     for study, rows in table.items():
-        section = [*flat_section(study, rows), *_paired_section(study, paired, references)]
+        section = [*flat_section(study, rows), *audit_section(study, rows)]
+        section += _paired_section(study, paired, references)
         lines += [f"## Study `{study}`", "", *study_table(rows), "", *section]
     if table:
         lines += ["## Plots", "", *write_plots(table, out_dir)]

@@ -1,0 +1,46 @@
+"""The extrapolation audit beside the flat verdict: each audited run's numbers, and for a row whose runs
+disagree the means of its flat and broken runs side by side."""
+
+from __future__ import annotations
+
+from posab.report.audit import audit_section
+from posab.report.grouping import group_rows
+from report_runs import finished_run
+
+LENGTHS = (512, 1024, 4096)
+
+
+def audited_run(seed: int, ppl: tuple[float, ...], jump: float, outside: float, entropy: float) -> object:
+    metrics = {f"ppl/{n}": p for n, p in zip(LENGTHS, ppl, strict=True)}
+    metrics |= {"audit/bias_jump": jump, f"audit/novelty_outside@{LENGTHS[-1]}": outside}
+    metrics |= {f"audit/entropy@{n}": entropy + i for i, n in enumerate(LENGTHS)}
+    metrics |= {f"audit/distance@{n}": n / 10 for n in LENGTHS}
+    metrics |= {f"audit/novelty_nearest@{LENGTHS[-1]}": 2 * outside}
+    config = {"train.seq_len": "512"}
+    return finished_run(f"multiscale-s{seed}", "multiscale", seed, "s", config, metrics)
+
+
+def test_audit_section_lists_each_run_and_the_flat_and_broken_means() -> None:
+    runs = [
+        audited_run(0, (4.6, 4.6, 4.6), jump=0.01, outside=0.0, entropy=2.0),
+        audited_run(1, (4.6, 9.5, 38.6), jump=0.90, outside=0.5, entropy=3.0),
+        audited_run(2, (4.7, 4.8, 5.9), jump=0.70, outside=0.3, entropy=2.5),
+    ]
+    lines = audit_section("s", group_rows(runs)["s"])
+    text = "\n".join(lines)
+    assert "### Extrapolation audit by verdict (study s)" in text
+    rows = [line for line in lines if line.startswith("| multiscale |")]
+    assert len(rows) == 3 + 2  # one line per run, then the flat and the broken means
+    assert rows[0].split(" | ")[1:4] == ["0", "yes", "4.60"]
+    assert rows[1].split(" | ")[1:6] == ["1", "no", "4.60", "38.60", "0.9"]
+    flat, broken = rows[3].split(" | "), rows[4].split(" | ")
+    assert flat[1:5] == ["flat", "1", "0.01", "0.000"]
+    assert broken[1:5] == ["broken", "2", "0.8", "0.400"]  # means of 0.9 and 0.7, of 0.5 and 0.3
+    assert "entropy@512" in text and "entropy@4096" in text
+
+
+def test_a_study_without_the_audit_has_no_audit_section() -> None:
+    plain = finished_run(
+        "alibi-s0", "alibi", 0, "s", {"train.seq_len": "512"}, {"ppl/512": 5.0, "ppl/4096": 5.1}
+    )
+    assert audit_section("s", group_rows([plain])["s"]) == []
