@@ -3,9 +3,10 @@ disagree the means of its flat and broken runs side by side."""
 
 from __future__ import annotations
 
+from report_runs import finished_run
+
 from posab.report.audit import audit_section
 from posab.report.grouping import group_rows
-from report_runs import finished_run
 
 LENGTHS = (512, 1024, 4096)
 

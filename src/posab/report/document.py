@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from posab.report.audit import audit_section
 from posab.report.claims import CLAIMS_FAMILY, Claim
 from posab.report.curves import plot_training_curves, trained_rows
 from posab.report.figures import plot_needle, plot_position_loss, plot_ppl_vs_length, plot_shift
-from posab.report.audit import audit_section
 from posab.report.flat import flat_section
 from posab.report.grouping import Row, group_rows
 from posab.report.markdown import MISSING, markdown_table, study_table
