@@ -3,10 +3,13 @@ disagree the means of its flat and broken runs side by side."""
 
 from __future__ import annotations
 
+import pytest
 from report_runs import finished_run
 
 from posab.report.audit import audit_section
+from posab.report.cli import selected
 from posab.report.grouping import group_rows
+from posab.report.records import ReportError
 
 LENGTHS = (512, 1024, 4096)
 
@@ -45,3 +48,18 @@ def test_a_study_without_the_audit_has_no_audit_section() -> None:
         "alibi-s0", "alibi", 0, "s", {"train.seq_len": "512"}, {"ppl/512": 5.0, "ppl/4096": 5.1}
     )
     assert audit_section("s", group_rows([plain])["s"]) == []
+
+
+def test_the_report_keeps_the_chosen_encodings_and_experiments_and_names_a_missing_one() -> None:
+    runs = [audited_run(0, (4.6, 4.6, 4.6), 0.0, 0.0, 2.0)]
+    runs.append(finished_run("alibi-s0", "alibi", 0, "s", {}, {}))
+    runs.append(finished_run("nope-s0", "nope", 0, "s", {}, {}))
+    for run, experiment in zip(runs, ("study_extrapolation", "study_main", "study_main"), strict=True):
+        run.info["experiment"] = experiment
+    assert [r.name for r in selected(runs, ["alibi", "multiscale"], None)] == ["multiscale-s0", "alibi-s0"]
+    assert [r.name for r in selected(runs, None, ["study_main"])] == ["alibi-s0", "nope-s0"]
+    assert selected(runs, None, None) == runs
+    with pytest.raises(
+        ReportError, match="no run of encoding.s. rope; the runs have: alibi, multiscale, nope"
+    ):
+        selected(runs, ["rope"], None)

@@ -33,6 +33,28 @@ def collect_runs(paths: Sequence[Path]) -> list[RunRecord]:
     return records
 
 
+def selected(
+    runs: Sequence[RunRecord], encodings: Sequence[str] | None, experiments: Sequence[str] | None
+) -> list[RunRecord]:
+    """The runs of the given encodings and experiments (every one where None); a name that selects no run is
+    an error naming the ones there are."""
+    for names, field in ((encodings, "encoding"), (experiments, "experiment")):
+        have = sorted({_field(r, field) for r in runs})
+        missing = sorted(set(names or ()) - set(have))
+        if missing:
+            raise ReportError(f"no run of {field}(s) {', '.join(missing)}; the runs have: {', '.join(have)}")
+    return [
+        r
+        for r in runs
+        if (not encodings or r.encoding in encodings)
+        and (not experiments or _field(r, "experiment") in experiments)
+    ]
+
+
+def _field(run: RunRecord, name: str) -> str:
+    return run.encoding if name == "encoding" else run.info.get(name, "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: `python scripts/report.py DIR [DIR ...] --out results/NAME`; returns the exit code."""
     parser = argparse.ArgumentParser(
@@ -50,6 +72,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "table) or an encoding with one row in the study (default: %(default)s)",
     )
     parser.add_argument(
+        "--encodings",
+        nargs="+",
+        metavar="NAME",
+        help="keep only the runs of these encodings (e.g. an ablation's arms with its references)",
+    )
+    parser.add_argument(
+        "--experiments",
+        nargs="+",
+        metavar="NAME",
+        help="keep only the runs of these experiments (their `experiment`, e.g. study_main)",
+    )
+    parser.add_argument(
         "--claims",
         type=Path,
         metavar="CSV",
@@ -59,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         claims = read_claims(args.claims, PAIRED_METRICS) if args.claims else []
-        runs = collect_runs(args.paths)
+        runs = selected(collect_runs(args.paths), args.encodings, args.experiments)
         report = write_report(runs, args.out, args.references, claims)
     except ReportError as err:
         print(f"error: {err}", file=sys.stderr)
