@@ -7,6 +7,7 @@ import torch
 
 from conftest import tiny_model
 from posab.encodings import Dims, Positions
+from posab.encodings.hierarchical import Hierarchical
 from posab.encodings.multiscale import MultiScale
 from posab.errors import ConfigError
 from tolerances import EPS32, assert_close_to_scale, scale_of
@@ -109,3 +110,23 @@ def test_a_clamp_gives_every_distance_past_it_the_bias_at_it() -> None:
 def test_a_bad_clamp_names_the_value_and_what_is_valid(bad: object) -> None:
     with pytest.raises(ConfigError, match=r"multiscale clamp=.*null, 'train' \(L_train - 1\) or a distance"):
         MultiScale(Dims(32, 4, 16), clamp=bad)  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def test_the_hierarchical_clamp_holds_its_token_level_and_leaves_the_structure_levels() -> None:
+    """clamp=train on the hierarchical bias (issue 28's arm on its token level), L_train = 16: the token
+    level's b(d) = b(15) past 15, the same weights below; the sentence and paragraph factors unchanged."""
+    dims = Dims(32, 4, 16)
+    torch.manual_seed(0)
+    clamped = Hierarchical(dims, num_freqs=8, hidden=16, clamp="train")
+    torch.manual_seed(0)
+    free = Hierarchical(dims, num_freqs=8, hidden=16)
+    curve, free_curve = clamped.distance_bias(torch.arange(40.0)), free.distance_bias(torch.arange(40.0))
+    assert (curve[:, 15:] == curve[:, 15:16]).all() and torch.equal(curve[:, :16], free_curve[:, :16])
+    assert not torch.equal(curve[:, 16:], free_curve[:, 16:])
+    units = torch.arange(40)[None] // 5  # (1, L): a sentence every 5 tokens, a paragraph every 10
+    pos = Positions.build(40, sentence=units, paragraph=units // 2)
+    factors, free_factors = clamped.bias_factors(pos), free.bias_factors(pos)
+    assert torch.equal(factors.dense(), free_factors.dense())
+    with pytest.raises(ConfigError, match=r"hierarchical clamp=0: use null"):
+        Hierarchical(dims, clamp=0)

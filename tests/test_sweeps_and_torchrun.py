@@ -295,12 +295,20 @@ def test_the_structure_ablation_completes_the_main_grids_arms_at_their_picks() -
 
 def test_the_extrapolation_ablation_varies_one_option_of_the_main_grids_multiscale_row() -> None:
     """Issue 28, part 2: five arms x seeds 0-4, each the main grid's multiscale job with one option changed,
-    joining the main study so that each is paired with the main grid's multiscale and ALiBi runs."""
+    joining the main study so that each is paired with the main grid's multiscale and ALiBi runs; and the
+    clamp on the hierarchical bias's token level, seeds 0-2, at the main grid's hierarchical picks."""
     parser = OverridesParser.create()
-    jobs = [
+    every = [
         dict(o.split("=", 1) for o in j)
         for j in expand_grids(preset_grids("study_extrapolation"), [], parser)
     ]
+    jobs = [j for j in every if j["encoding"] == "multiscale"]
+    hierarchical = [j for j in every if j["encoding"] == "hierarchical"]
+    assert sorted(j["seed"] for j in hierarchical) == ["0", "1", "2"]
+    for job in hierarchical:
+        picks = main_grid_jobs()["hierarchical"]
+        assert job["encoding.clamp"] == "train" and job["train.lr"] == picks["train.lr"]
+        assert job["encoding.lr_mult"] == picks["encoding.lr_mult"]
     main = main_grid_jobs()["multiscale"]
     shared = {"encoding", "seed", "train.lr", "encoding.lr_mult"}
     arms = sorted({tuple(sorted((k, v) for k, v in j.items() if k not in shared)) for j in jobs})

@@ -12,7 +12,8 @@ checkpoints drops it).
 Each level's MLP runs on that level's distinct distances only, and the mix is applied to these small
 per-distance tables (the mix is linear: exactly the note's mix of the per-pair biases).
 
-- The token level depends on the length only: a shared (1, H, L, L) Toeplitz bias (`bias`), as multiscale.
+- The token level depends on the length only: a shared (1, H, L, L) Toeplitz bias (`bias`), as multiscale,
+  with multiscale's `clamp` (b(d) = b(min(d, N)); issue 28's arm on the token level).
 - A sentence (paragraph) level is per sample, but of low rank: with u_j = s_j - min(s) in 0..R-1 over the
   window, b(s_i - s_j) = sum_v b(u_i - v) [u_j = v], so the bias is U E^T with U[i, v] = b(u_i - v) and E
   the one-hot of u_j: R = (the window's sentence span + 1) channels (`bias_factors`), about L / 60 for
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from posab.encodings.base import BiasFactors, Dims, Encoding, Positions, distances, toeplitz
-from posab.encodings.multiscale import DistanceMLP
+from posab.encodings.multiscale import DistanceMLP, clamp_distance
 from posab.errors import ConfigError
 
 LEVELS = ("token", "sentence", "paragraph")
@@ -44,9 +45,11 @@ class Hierarchical(Encoding):
         num_freqs: int = 16,
         max_dist: float = 4096.0,
         hidden: int = 64,
+        clamp: int | str | None = None,
     ) -> None:
         super().__init__(dims)
         self.levels = tuple(levels)
+        self.clamp = clamp_distance(clamp, dims.train_len, "hierarchical")  # the token level's reach
         unknown = [level for level in self.levels if level not in LEVELS]
         if unknown or not self.levels or len(set(self.levels)) != len(self.levels):
             raise ConfigError(f"hierarchical levels={list(levels)}: pick distinct levels from {list(LEVELS)}")
@@ -72,13 +75,13 @@ class Hierarchical(Encoding):
         coordinates come from where a document's sentences and paragraphs end, not from i - j alone."""
         if "token" not in self.levels:
             return None
-        return self._mixed("token", self.level_mlps["token"](distance))
+        return self._mixed("token", self.level_mlps["token"](self._clamped(distance)))
 
     def bias_features(self, distance: Tensor) -> Tensor | None:
         """(D,) token distances -> (D, 2K) the token level MLP's input features, or None without it."""
         if "token" not in self.levels:
             return None
-        return self.level_mlps["token"].features(distance)
+        return self.level_mlps["token"].features(self._clamped(distance))
 
     def bias_factors(self, pos: Positions) -> BiasFactors | None:
         """The sentence and paragraph levels, their factors side by side: (B, H, L, R_s + R_p) and
@@ -104,6 +107,10 @@ class Hierarchical(Encoding):
         query = table[:, index].permute(1, 0, 2, 3)  # (H, B, L, R) -> (B, H, L, R)
         key = (unit[:, None, :, None] == slots).to(query.dtype)  # (B, 1, L, R) one-hot of u_j
         return BiasFactors(query, key)
+
+    def _clamped(self, distance: Tensor) -> Tensor:
+        """Token distances past `clamp` set to it (future ones untouched); unchanged without a clamp."""
+        return distance if self.clamp is None else distance.clamp(max=self.clamp)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         """Drop `mix_bias` from a checkpoint made before it was removed: a per-head constant, which the

@@ -33,14 +33,15 @@ FORMS = ("additive", "multiplicative")
 CHUNK = 1 << 20  # distinct inputs per MLP call when they are many (fire input beyond the training length)
 
 
-def clamp_distance(clamp: int | str | None, train_len: int) -> int | None:
-    """The largest distance the MLP sees: None (no clamp), `train` -> train_len - 1, or N >= 1."""
+def clamp_distance(clamp: int | str | None, train_len: int, label: str = "multiscale") -> int | None:
+    """The largest distance the MLP sees: None (no clamp), `train` -> train_len - 1, or N >= 1 (`label`:
+    the encoding, for the error)."""
     if clamp is None:
         return None
     if clamp == "train":
         return train_len - 1
     if isinstance(clamp, bool) or not isinstance(clamp, int) or clamp < 1:
-        raise ConfigError(f"multiscale clamp={clamp!r}: use null, 'train' (L_train - 1) or a distance >= 1")
+        raise ConfigError(f"{label} clamp={clamp!r}: use null, 'train' (L_train - 1) or a distance >= 1")
     return clamp
 
 

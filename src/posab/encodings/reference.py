@@ -35,6 +35,11 @@ def distance_mlp_on_pairs(mlp: DistanceMLP, relative: Tensor) -> Tensor:
     return mlp(relative.flatten()).view(-1, *relative.shape).transpose(0, 1)  # (H, B*L*L) -> (B, H, L, L)
 
 
+def clamped(relative: Tensor, clamp: int | None) -> Tensor:
+    """Pair distances past `clamp` set to it (the encodings' `clamp` option); unchanged when None."""
+    return relative if clamp is None else relative.clamp(max=clamp)
+
+
 def level_units(pos: Positions, level: str) -> Tensor:
     """Each token's unit at `level` (token position, sentence or paragraph index): (1 or B, L)."""
     units = pos.token[None] if level == "token" else getattr(pos, level)
@@ -47,7 +52,8 @@ def multiscale_all_pairs(encoding: MultiScale, pos: Positions) -> Tensor:
     """b(i - j) for every (i, j), for the raw distance input: (1, H, L, L)."""
     if encoding.input != "raw":
         raise ValueError(f"no all-pairs reference for the multi-scale input {encoding.input!r}")
-    return distance_mlp_on_pairs(encoding.distance_mlp, pair_differences(pos.token[None]))
+    relative = clamped(pair_differences(pos.token[None]), encoding.clamp)  # (1, L, L)
+    return distance_mlp_on_pairs(encoding.distance_mlp, relative)
 
 
 def hierarchical_all_pairs(encoding: Hierarchical, pos: Positions) -> Tensor:
@@ -56,6 +62,7 @@ def hierarchical_all_pairs(encoding: Hierarchical, pos: Positions) -> Tensor:
     total: Tensor | None = None
     for index, level in enumerate(encoding.levels):
         relative = pair_differences(level_units(pos, level))  # (1 or B, L, L)
+        relative = clamped(relative, encoding.clamp) if level == "token" else relative
         bias = distance_mlp_on_pairs(encoding.level_mlps[level], relative)  # (1 or B, H, L, L)
         if encoding.combine == "mix":
             bias = torch.einsum("oh,bhij->boij", encoding.mix[index], bias)
