@@ -3,7 +3,6 @@ its parameters, which of them are decayed, and that runs made before the change 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -14,7 +13,6 @@ from conftest import ENCODINGS, tiny_model, typed_config
 from posab.build import build_model
 from posab.data.tokenizer import VOCAB_SIZE
 from posab.encodings import Dims, EncodingOptimizer, Positions, encoding_optimizer
-from posab.encodings.hierarchical import Hierarchical
 from posab.encodings.kerple import FLOOR
 from posab.encodings.learned import Learned
 from posab.encodings.sinusoidal import Sinusoidal
@@ -193,22 +191,14 @@ def test_encoding_group_learns_at_lr_times_lr_mult_through_the_schedule() -> Non
         scheduler.step()
 
 
-def test_weight_decay_null_is_the_grouping_before_the_option() -> None:
-    """Matrices decayed by train.weight_decay, vectors not, the encoding's included; lr_mult still applies."""
-    model = tiny_model("fire")
-    groups = groups_of(model, TrainConfig(weight_decay=0.1, lr=0.002), EncodingOptimizer(2.0, None))
-    for p in model.parameters():
-        assert groups[id(p)]["weight_decay"] == (0.1 if p.dim() >= 2 else 0.0)
-    assert {groups[id(p)]["lr"] for p in model.encoding.parameters()} == {0.004}
-
-
 @pytest.mark.parametrize(
     ("override", "message"),
     [
         ("encoding.lr_mult=0", "encoding.lr_mult=0: use a number > 0"),
         ("encoding.lr_mult=-1.5", "encoding.lr_mult=-1.5: use a number > 0"),
         ("encoding.lr_mult=true", "encoding.lr_mult=True: use a number > 0"),
-        ("encoding.weight_decay=-0.1", "encoding.weight_decay=-0.1: use a number >= 0, or null"),
+        ("encoding.weight_decay=-0.1", "encoding.weight_decay=-0.1: use a number >= 0"),
+        ("encoding.weight_decay=null", "encoding.weight_decay=None: use a number >= 0"),
     ],
 )
 def test_bad_optimizer_settings_are_config_errors_naming_them(override: str, message: str) -> None:
@@ -217,8 +207,8 @@ def test_bad_optimizer_settings_are_config_errors_naming_them(override: str, mes
 
 
 def test_optimizer_settings_are_read_from_the_encoding_node() -> None:
-    node = typed_config(["encoding=kerple", "encoding.lr_mult=2", "encoding.weight_decay=null"]).encoding
-    assert encoding_optimizer(node) == EncodingOptimizer(2.0, None)
+    node = typed_config(["encoding=kerple", "encoding.lr_mult=2", "encoding.weight_decay=0.1"]).encoding
+    assert encoding_optimizer(node) == EncodingOptimizer(2.0, 0.1)
     assert encoding_optimizer(typed_config(["encoding=alibi"]).encoding) == EncodingOptimizer(1.0, 0.0)
 
 
@@ -239,34 +229,7 @@ def test_a_per_head_constant_bias_does_not_change_the_model() -> None:
     assert_close_to_scale(shifted, plain, rel=1e-5)
 
 
-def test_hierarchical_has_no_mix_bias_and_loads_a_checkpoint_that_has_one() -> None:
+def test_hierarchical_has_no_per_head_constant_and_its_mix_starts_as_the_sum() -> None:
     model = tiny_model("hierarchical")
-    state = model.state_dict()
-    assert "encoding.mix_bias" not in state
-    h = model.cfg.n_heads
-    assert torch.equal(model.encoding.mix, torch.eye(h).repeat(3, 1, 1))  # starts as the plain sum
-    fresh = tiny_model("hierarchical", seed=1)
-    fresh.load_state_dict({**state, "encoding.mix_bias": torch.randn(h)})  # strict: dropped, not unexpected
-    for name, value in fresh.state_dict().items():
-        assert torch.equal(value, state[name]), name
-    enc = Hierarchical(Dims(d_model=16, n_heads=2), num_freqs=4, hidden=8)
-    enc.load_state_dict({**enc.state_dict(), "mix_bias": torch.zeros(2)})
-
-
-# ---------------------------------------------------------------------- runs made before the change
-
-
-@pytest.mark.parametrize(
-    ("name", "dropped", "check"),
-    [
-        ("kerple", "param", lambda enc: enc.param == "softplus"),
-        ("t5", "init", lambda enc: enc.gain == 1.0 and float(enc.table.detach().std()) < 0.05),
-        ("sinusoidal", "form", lambda enc: enc.form == "unscaled" and enc.scale is None),
-    ],
-)
-def test_an_old_config_builds_the_model_it_trained(name: str, dropped: str, check) -> None:
-    """A saved config from before an option existed (re-evaluation) builds the form those runs had."""
-    cfg = typed_config(["+experiment=tiny", f"encoding={name}"])
-    old = {k: v for k, v in cfg.encoding.items() if k not in (dropped, "_before_", "lr_mult", "weight_decay")}
-    assert check(build_model(dataclasses.replace(cfg, encoding=old), VOCAB_SIZE).encoding)
-    assert not check(build_model(cfg, VOCAB_SIZE).encoding)  # composed today: the reference form
+    assert not any(name.endswith("mix_bias") for name in model.state_dict())
+    assert torch.equal(model.encoding.mix, torch.eye(model.cfg.n_heads).repeat(3, 1, 1))

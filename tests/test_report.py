@@ -18,7 +18,7 @@ from conftest import ROOT, run_train
 from posab.report import main
 from posab.report.curves import plot_training_curves, trained_rows
 from posab.report.document import copy_configs
-from posab.report.grouping import Row, group_rows, swept_keys
+from posab.report.grouping import Row, group_rows
 from posab.report.markdown import study_table
 from posab.report.records import ReportError, RunRecord
 from posab.report.rundirs import load_run
@@ -277,52 +277,31 @@ def run_with_encoding(root: Path, name: str, encoding: dict[str, Any], **nodes: 
 
 
 def yaml_node(encoding: str, **options: Any) -> dict[str, Any]:
-    """The node a run composed today has: conf/encoding/<encoding>.yaml (with `_before_`) and `options`."""
+    """The node a run composed today has: conf/encoding/<encoding>.yaml and `options`."""
     node = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "encoding" / f"{encoding}.yaml"))
     assert isinstance(node, dict)
     return {**node, **options}
 
 
-def test_an_old_sinusoidal_run_is_labelled_with_the_form_it_ran(tmp_path: Path) -> None:
-    """Runs from before `form` have no `form`: those from before `scale_embeddings` too ran x + PE
-    (`_before_`), and `scale_embeddings` (read in the report only) says unscaled or the paper's form."""
-    old = {"name": "sinusoidal", "base": 10000.0}
-    runs = [
-        run_with_encoding(tmp_path, "oldest", old),
-        run_with_encoding(tmp_path, "old-false", {**old, "scale_embeddings": False}),
-        run_with_encoding(tmp_path, "old-true", {**old, "scale_embeddings": True}),
-        run_with_encoding(tmp_path, "new-unscaled", yaml_node("sinusoidal", form="unscaled")),
-        run_with_encoding(tmp_path, "new-paper", yaml_node("sinusoidal", form="paper")),
-        run_with_encoding(tmp_path, "new-scaled", yaml_node("sinusoidal")),
-    ]
-    rows = {row.label: sorted(r.name for r in row.runs) for row in group_rows(runs)["s"]}
-    assert rows == {
-        "sinusoidal, encoding.form=paper": ["new-paper", "old-true"],
-        "sinusoidal, encoding.form=scaled": ["new-scaled"],
-        "sinusoidal, encoding.form=unscaled": ["new-unscaled", "old-false", "oldest"],
-    }
-    assert swept_keys(runs) == ["encoding.form"]  # no encoding._before_.*, no scale_embeddings
-    write_csv(runs, tmp_path / "runs.csv")
-    with (tmp_path / "runs.csv").open() as f:
-        header = next(csv.reader(f))
-    assert [c for c in header if c.startswith("config.encoding")] == ["config.encoding.form"]
-
-
-def test_an_old_run_gets_the_values_before_the_defaults_changed(tmp_path: Path) -> None:
-    """A T5 run from before `init` and `weight_decay` ran the GPT-2 table with decayed matrices; an old
-    rope run shares its row with a new one (nothing changed for it: no `_before_`)."""
-    old_t5 = run_with_encoding(tmp_path, "t5-old", {"name": "t5", "num_buckets": 32, "max_distance": 128})
-    new_t5 = run_with_encoding(tmp_path, "t5-new", yaml_node("t5"))
-    for run, init, weight_decay in ((old_t5, "gpt2", "null"), (new_t5, "xtransformers", "0.0")):
-        assert (run.config["encoding.init"], run.config["encoding.weight_decay"]) == (init, weight_decay)
-    old_rope = run_with_encoding(tmp_path, "rope-old", {"name": "rope", "base": 10000.0, "rotary_dim": None})
+def test_a_run_made_before_an_option_existed_gets_its_default(tmp_path: Path) -> None:
+    """A multiscale run from before `clamp` ran without one: it shares the row of today's default runs,
+    and a clamped run has a row of its own; an old rope run shares its row with a new one."""
+    old = {k: v for k, v in yaml_node("multiscale").items() if k != "clamp"}
+    old_run = run_with_encoding(tmp_path, "multiscale-old", old)
+    new_run = run_with_encoding(tmp_path, "multiscale-new", yaml_node("multiscale"))
+    clamped = run_with_encoding(tmp_path, "multiscale-clamped", yaml_node("multiscale", clamp="train"))
+    assert old_run.config["encoding.clamp"] == new_run.config["encoding.clamp"] == "null"
+    old_rope = run_with_encoding(tmp_path, "rope-old", {"name": "rope", "base": 10000.0})
     new_rope = run_with_encoding(tmp_path, "rope-new", yaml_node("rope"))
-    labels = [row.label for row in group_rows([old_t5, new_t5, old_rope, new_rope])["s"]]
-    assert labels == [
-        "rope",
-        "t5, encoding.init=gpt2, encoding.weight_decay=null",
-        "t5, encoding.init=xtransformers, encoding.weight_decay=0.0",
-    ]
+    rows = {
+        row.label: sorted(r.name for r in row.runs)
+        for row in group_rows([old_run, new_run, clamped, old_rope, new_rope])["s"]
+    }
+    assert rows == {
+        "multiscale, encoding.clamp=null": ["multiscale-new", "multiscale-old"],
+        "multiscale, encoding.clamp=train": ["multiscale-clamped"],
+        "rope": ["rope-new", "rope-old"],
+    }
 
 
 def test_a_setting_fixed_per_encoding_but_different_between_them_stays_in_the_labels() -> None:

@@ -306,15 +306,7 @@ def test_a_split_too_short_for_windows_and_prefixes_names_the_sizes(corpus: Corp
         shift_eval(eval_context(corpus, CurrentToken(VOCAB_SIZE), valid=short))
 
 
-def test_report_columns_keep_the_old_prefix_column_for_runs_without_the_context_kind() -> None:
-    old = {"shift/offset4096/kl", "shift/prefix64/dloss", "shift/prefix1024/dloss"}
-    (offset, prefix) = Shift.report_columns(old)
-    assert (offset.header, prefix.header, prefix.key) == (
-        "KL offset 4096",
-        "Δloss prefix 1024",
-        "shift/prefix1024/dloss",
-    )
-    assert prefix.legend.startswith("mean loss change on the same window when 1024 tokens of context")
+def test_report_columns_name_the_largest_offset_prefix_and_context() -> None:
     new = {
         "shift/offset4096/kl",
         *(f"shift/{kind}{k}/dloss" for kind in ("prefix", "context") for k in (64, 256)),

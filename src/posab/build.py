@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from posab.config import Config
 from posab.encodings import Dims, build_encoding
 from posab.evaluate import enabled_evaluators
 from posab.model import DecoderLM
-from posab.paths import encoding_options
 
 
 def max_positions(cfg: Config) -> int:
@@ -17,15 +14,6 @@ def max_positions(cfg: Config) -> int:
     train_len = cfg.train.seq_len
     declared = [e.positions(cfg.eval, train_len) for e in enabled_evaluators(cfg.eval)]
     return max([train_len + 1, *(n + 1 for n in cfg.eval.lengths), *declared])
-
-
-def with_earlier_options(spec: dict[str, Any]) -> dict[str, Any]:
-    """An encoding node with every option it lacks that changed its default (`_before_` in
-    `conf/encoding/<name>.yaml`) set as runs made before that option had it: re-evaluating an old run's
-    checkpoint builds the model it trained. A node composed now has every option: returned unchanged."""
-    name = spec.get("name")
-    before = encoding_options(name).get("_before_") if isinstance(name, str) else None
-    return {**(before or {}), **spec}
 
 
 def build_model(cfg: Config, vocab_size: int) -> DecoderLM:
@@ -38,7 +26,7 @@ def build_model(cfg: Config, vocab_size: int) -> DecoderLM:
         seed=cfg.seed,
         n_layers=cfg.model.n_layers,
     )
-    return DecoderLM(cfg.model, vocab_size, build_encoding(with_earlier_options(cfg.encoding), dims))
+    return DecoderLM(cfg.model, vocab_size, build_encoding(cfg.encoding, dims))
 
 
 def encoding_name(cfg: Config) -> str:

@@ -41,8 +41,7 @@ def encoding_names(conf: Path | None = None) -> list[str]:
 
 
 def encoding_options(name: str, conf: Path | None = None) -> dict[str, Any]:
-    """What `conf/encoding/<name>.yaml` sets, `_before_` included (the values runs made before an option
-    existed had), unresolved; {} where there is no such file."""
+    """What `conf/encoding/<name>.yaml` sets, unresolved; {} where there is no such file."""
     path = (conf or conf_dir()) / "encoding" / f"{name}.yaml"
     if not name or not path.is_file():
         return {}

@@ -92,8 +92,7 @@ def lr_multiplier(step: int, cfg: TrainConfig) -> float:
 
 def param_groups(model: nn.Module, cfg: TrainConfig, enc: EncodingOptimizer) -> list[dict[str, Any]]:
     """AdamW groups: the model's matrices (decayed by train.weight_decay), its other parameters (norms: not
-    decayed), and the encoding's parameters at lr train.lr * lr_mult, decayed by `enc.weight_decay`; with
-    None, by train.weight_decay for matrices and not at all for vectors, as before the option existed.
+    decayed), and the encoding's parameters at lr train.lr * lr_mult, decayed by `enc.weight_decay`.
     A model other than a DecoderLM (the benchmark's peer) has no encoding group. Empty groups are left out."""
     encoding = model.encoding if isinstance(model, DecoderLM) else None
     coded_ids = {id(p) for p in encoding.parameters()} if encoding is not None else set()
@@ -105,13 +104,7 @@ def param_groups(model: nn.Module, cfg: TrainConfig, enc: EncodingOptimizer) -> 
         {"params": [p for p in own if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in own if p.dim() < 2], "weight_decay": 0.0},
     ]
-    if enc.weight_decay is None:
-        groups += [
-            {"params": [p for p in coded if p.dim() >= 2], "weight_decay": cfg.weight_decay, "lr": enc_lr},
-            {"params": [p for p in coded if p.dim() < 2], "weight_decay": 0.0, "lr": enc_lr},
-        ]
-    else:
-        groups.append({"params": coded, "weight_decay": enc.weight_decay, "lr": enc_lr})
+    groups.append({"params": coded, "weight_decay": enc.weight_decay, "lr": enc_lr})
     return [g for g in groups if g["params"]]
 
 

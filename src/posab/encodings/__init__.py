@@ -27,16 +27,15 @@ OPTIMIZER_KEYS = ("lr_mult", "weight_decay")
 @dataclass(frozen=True)
 class EncodingOptimizer:
     """How AdamW treats the encoding's parameters: one group of their own, at learning rate
-    train.lr * lr_mult, decayed by weight_decay; weight_decay None is the behaviour before the option
-    existed (matrices decayed by train.weight_decay, vectors not). Defaults: conf/encoding/*.yaml."""
+    train.lr * lr_mult, decayed by weight_decay. Defaults: conf/encoding/*.yaml."""
 
     lr_mult: float = 1.0
-    weight_decay: float | None = 0.0
+    weight_decay: float = 0.0
 
 
 def encoding_params(spec: dict[str, Any]) -> dict[str, Any]:
     """The constructor's keyword arguments: the config node less `name`, the optimizer's keys
-    (`lr_mult`, `weight_decay`) and every key starting with `_` (`_target_`, `_before_`)."""
+    (`lr_mult`, `weight_decay`) and every key starting with `_` (`_target_`)."""
     return {
         key: value
         for key, value in spec.items()
@@ -49,8 +48,8 @@ def _is_number(value: Any) -> bool:
 
 
 def encoding_optimizer(spec: dict[str, Any]) -> EncodingOptimizer:
-    """The optimizer settings of an encoding config node, checked: `lr_mult` > 0, `weight_decay` >= 0 or
-    null. A key the node lacks takes the class default (the yaml's)."""
+    """The optimizer settings of an encoding config node, checked: `lr_mult` > 0, `weight_decay` >= 0. A
+    key the node lacks takes the class default (the yaml's)."""
     defaults = EncodingOptimizer()
     lr_mult = spec.get("lr_mult", defaults.lr_mult)
     weight_decay = spec.get("weight_decay", defaults.weight_decay)
@@ -59,12 +58,12 @@ def encoding_optimizer(spec: dict[str, Any]) -> EncodingOptimizer:
             f"encoding.lr_mult={lr_mult!r}: use a number > 0 (the encoding's parameters train at "
             "train.lr x lr_mult)"
         )
-    if weight_decay is not None and not (_is_number(weight_decay) and weight_decay >= 0):
+    if not (_is_number(weight_decay) and weight_decay >= 0):
         raise ConfigError(
-            f"encoding.weight_decay={weight_decay!r}: use a number >= 0, or null (matrices decayed by "
-            "train.weight_decay, vectors not)"
+            f"encoding.weight_decay={weight_decay!r}: use a number >= 0 (0: the encoding's parameters are "
+            "not decayed)"
         )
-    return EncodingOptimizer(float(lr_mult), None if weight_decay is None else float(weight_decay))
+    return EncodingOptimizer(float(lr_mult), float(weight_decay))
 
 
 def encoding_class(spec: dict[str, Any]) -> type[Encoding]:

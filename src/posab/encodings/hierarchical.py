@@ -6,8 +6,7 @@ The per-level biases are combined by a learned linear mix over (level, head) -> 
 describes, or by a plain sum (`combine=sum`). The mix starts as the plain sum (identity blocks); with no
 weight decay on the encoding's parameters (`encoding.weight_decay`, default 0) nothing pulls it toward 0.
 It has no per-head constant: softmax over the keys ignores a constant added to every score of a query row,
-so such a term never changes the model (runs before issue 13 had one, `mix_bias`; loading their
-checkpoints drops it).
+so such a term never changes the model.
 
 Each level's MLP runs on that level's distinct distances only, and the mix is applied to these small
 per-distance tables (the mix is linear: exactly the note's mix of the per-pair biases).
@@ -19,8 +18,6 @@ per-distance tables (the mix is linear: exactly the note's mix of the per-pair b
   the one-hot of u_j: R = (the window's sentence span + 1) channels (`bias_factors`), about L / 60 for
   text. The model appends them to q and k; no (B, H, L, L) tensor is built, nor its gradient.
 """
-
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -111,12 +108,6 @@ class Hierarchical(Encoding):
     def _clamped(self, distance: Tensor) -> Tensor:
         """Token distances past `clamp` set to it (future ones untouched); unchanged without a clamp."""
         return distance if self.clamp is None else distance.clamp(max=self.clamp)
-
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        """Drop `mix_bias` from a checkpoint made before it was removed: a per-head constant, which the
-        softmax ignores."""
-        state_dict.pop(prefix + "mix_bias", None)
-        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def _mixed(self, level: str, table: Tensor) -> Tensor:
         """Apply `level`'s share of the linear mix to its (H, N) table."""

@@ -297,8 +297,6 @@ class Shift(Evaluator[ShiftConfig]):
                     f"by {k}, the largest offset evaluated (`shift/offset{k}/kl`; 0 = offset-invariant)",
                 )
             )
-        if _largest(keys, "context", "dloss") is None:
-            return columns + _legacy_prefix_column(keys)
         return columns + _prefix_columns(keys)
 
 
@@ -329,21 +327,6 @@ def _prefix_columns(keys: Collection[str]) -> list[Column]:
             )
         )
     return columns
-
-
-def _legacy_prefix_column(keys: Collection[str]) -> list[Column]:
-    """Runs from before the context kind: prefix k was prepended to the whole window (T + k tokens)."""
-    if (k := _largest(keys, "prefix", "dloss")) is None:
-        return []
-    return [
-        Column(
-            f"Δloss prefix {k}",
-            metric_key("dloss", shift="prefix", k=k),
-            ".3f",
-            f"mean loss change on the same window when {k} tokens of context are prepended, the "
-            f"largest prefix evaluated (`shift/prefix{k}/dloss`; < 0: the extra context helps)",
-        )
-    ]
 
 
 def _largest(keys: Collection[str], kind: str, metric: str) -> int | None:

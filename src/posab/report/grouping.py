@@ -33,7 +33,6 @@ IGNORED_KEYS = (
     "run_dir",
     "encoding.name",
     "encoding._target_",
-    "encoding._before_",
     "data.path",
     "data.cache_dir",
     "data.hub_local_dir",
@@ -79,7 +78,7 @@ def shared_encoding_options() -> frozenset[str]:
         names = encoding_names()
     except ConfigError:
         return frozenset()
-    options = [set(encoding_options(name)) - {"_before_"} for name in names]
+    options = [set(encoding_options(name)) for name in names]
     return frozenset(f"encoding.{k}" for k in set.intersection(*options)) if options else frozenset()
 
 

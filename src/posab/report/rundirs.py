@@ -2,7 +2,7 @@
 
 A run directory holds `results.json` and `config.yaml` (and, for the training curve, `metrics.jsonl`; for
 the paired differences, `perplexity_windows.npz`).
-Configs of runs made before an encoding option existed are completed with the values they ran with.
+Configs of runs made before an encoding option existed are completed with the option's default.
 """
 
 from __future__ import annotations
@@ -37,15 +37,6 @@ from posab.report.records import (
     natural_key,
 )
 from posab.results import flatten, is_number
-
-# Config keys an encoding option replaced: the option and the option's value for each old value. A run that
-# has the old key (and not the option) is labelled with the option's value, in the row of the runs made
-# with it, and the old key is dropped. Runs read back from a report's runs.csv keep their columns as
-# written.
-LEGACY_KEYS: dict[str, tuple[str, dict[str, str]]] = {
-    # sinusoidal before `form` (issue 13): x * sqrt(d) + PE (the paper's) or x + PE
-    "encoding.scale_embeddings": ("encoding.form", {"true": "paper", "false": "unscaled"}),
-}
 
 
 def find_runs(paths: Iterable[Path]) -> list[Path]:
@@ -129,7 +120,7 @@ def read_config(path: Path) -> dict[str, str]:
     """The flattened config, completed with the encoding's options as the run ran them."""
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     config = yaml_values(raw if isinstance(raw, dict) else {})
-    return {**encoding_defaults(config.get("encoding.name", "")), **with_current_keys(config)}
+    return {**encoding_defaults(config.get("encoding.name", "")), **config}
 
 
 def _metrics_and_series(results: dict[str, Any]) -> tuple[dict[str, float], dict[str, list[float]]]:
@@ -246,27 +237,11 @@ def read_windows(
 @cache
 def encoding_defaults(encoding: str) -> dict[str, str]:
     """The options of `conf/encoding/<encoding>.yaml` as `encoding.*` keys, as a run that lacks one of
-    them ran it; empty where there is no such file.
-
-    A run made before an encoding option existed lacks the key. It ran with the option's default, unless
-    the default changed: the yaml's `_before_` gives the value such runs had (e.g. sinusoidal
-    `form: unscaled`), and that one is filled in. `_before_` itself is no option."""
+    them ran it (a run made before the option existed ran its default); empty where there is no such
+    file. The committed studies ran under today's defaults; the runs made before a default changed were
+    retired with `results/defaults/` (README, Results)."""
     options = encoding_options(encoding) if encoding else {}
-    if not options:
-        return {}
-    before = options.get("_before_") or {}
-    current = {k: v for k, v in options.items() if k != "_before_"}
-    return yaml_values({"encoding": {**current, **before}})
-
-
-def with_current_keys(config: dict[str, str]) -> dict[str, str]:
-    """A run's flattened config with every key in LEGACY_KEYS replaced by the option that replaced it."""
-    current = dict(config)
-    for old, (option, values) in LEGACY_KEYS.items():
-        if old in current:
-            value = current.pop(old)
-            current.setdefault(option, values.get(value, value))
-    return current
+    return yaml_values({"encoding": options}) if options else {}
 
 
 def _encoding_from(config: dict[str, str], overrides: str) -> str:
