@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	$(BIN)/python train.py $(ARGS)
 
-# Two tiers (README, "Tests"): the fast tier runs in-process (what plain `pytest` runs); the e2e tier runs
+# Two tiers (docs/tests.md): the fast tier runs in-process (what plain `pytest` runs); the e2e tier runs
 # train.py, torchrun, the scripts and `wandb leet` in subprocesses. `make test` (and CI) runs both, fast first.
 FAST_TESTS := -m "not slow and not e2e"
 E2E_TESTS := -m "e2e and not slow"

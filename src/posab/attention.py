@@ -4,7 +4,7 @@
   kernel), else with one additive float mask holding the causal mask and the bias (the flash kernel
   accepts a mask).
 - Training on the CPU, with or without a mask: `BiasedAttention` below, the same flash forward and its
-  own backward, measured 9-12% faster per training step than SDPA's flash backward (README, Performance).
+  own backward, measured 9-12% faster per training step than SDPA's flash backward (docs/performance.md).
 - A bias that needs a gradient (the learned biases): SDPA would fall back to its unfused math kernel,
   which materialises and differentiates (B, H, L, L) tensors op by op. `BiasedAttention` instead runs the
   fused flash kernel forward with the mask as a constant (or is_causal without one), and computes

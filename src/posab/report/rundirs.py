@@ -239,7 +239,7 @@ def encoding_defaults(encoding: str) -> dict[str, str]:
     """The options of `conf/encoding/<encoding>.yaml` as `encoding.*` keys, as a run that lacks one of
     them ran it (a run made before the option existed ran its default); empty where there is no such
     file. The committed studies ran under today's defaults; the runs made before a default changed were
-    retired with `results/defaults/` (README, Results)."""
+    retired with `results/defaults/` (results/study/README.md)."""
     options = encoding_options(encoding) if encoding else {}
     return yaml_values({"encoding": options}) if options else {}
 
