@@ -16,8 +16,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -e ".[dev,launchers]"
 	touch $@
 
+# the first run: about three minutes on two cores (conf/experiment/first_run.yaml); `python train.py` is the
+# full default run
 run: setup
-	$(BIN)/python train.py $(ARGS)
+	$(BIN)/python train.py +experiment=first_run $(ARGS)
 
 # Two tiers (docs/tests.md): the fast tier runs in-process (what plain `pytest` runs); the e2e tier runs
 # train.py, torchrun, the scripts and `wandb leet` in subprocesses. `make test` (and CI) runs both, fast first.

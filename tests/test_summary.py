@@ -24,3 +24,15 @@ def test_the_summary_reads_its_lengths_and_shift_sizes_from_the_keys() -> None:
     assert lines[8].split() == ["prefix", "Δloss", "k=64:", "+0.100"]
     needle_only = summary_text({"eval": {"needle/acc@512": 0.5}}, Path("run")).splitlines()
     assert needle_only[2].split() == ["length", "512"]
+
+
+def test_a_run_without_the_passkey_stage_shows_how_to_get_the_needle_instead_of_its_floor() -> None:
+    scalars = {"ppl/512": 10.0, "ppl/1024": 12.0, "needle/acc@512": 0.0, "needle/gain@512": -0.0}
+    plain = summary_text({"status": "finished", "eval": scalars}, Path("run")).splitlines()
+    assert not any(line.startswith("needle acc") or line.startswith("needle gain") for line in plain)
+    assert any(line.startswith("needle: no passkey stage") and "+experiment=needle" in line for line in plain)
+    staged = {"status": "finished", "eval": scalars, "passkey_stage": {"steps": 30}}
+    lines = summary_text(staged, Path("run")).splitlines()
+    assert lines[4].split() == ["needle", "acc", "0.00", "–"] and not any(
+        "no passkey stage" in x for x in lines
+    )

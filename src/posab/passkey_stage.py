@@ -1,9 +1,10 @@
 """The passkey stage: after language-model training, steps on passkey examples with the loss on the key only.
 
-Why (docs/evaluation.md, "Needle in a haystack"): mixing passkey examples into pre-training does not teach retrieval at
-posab's scale, and fine-tuning only at the training length stays on the ln 10 plateau; a curriculum of
-short examples first, up to the training length, does (measured on pg-books, issue 14). The stage never
-goes past the training length (`validate`), so every evaluation length above it stays unseen.
+Why (docs/evaluation.md, "Needle in a haystack"): mixing passkey examples into pre-training does not
+teach retrieval at posab's scale, and fine-tuning only at the training length stays on the ln 10 plateau;
+a curriculum of short examples first, up to the training length, does (measured on pg-books, issue 14).
+The stage never goes past the training length (`validate`), so every evaluation length above it stays
+unseen.
 
 Protocol: `passkey.lengths` (input lengths, increasing, each at most `train.seq_len`) with
 `passkey.steps[i]` steps at `lengths[i]`; each step draws max(1, batch_tokens // L) examples of L inputs

@@ -2,7 +2,9 @@
 
 Perplexity, tail and capped perplexity and needle accuracy and gain at each evaluation length; the shift
 figures at each k; wall time, the run directory and the next commands. It reads results.json's scalars
-only (no torch), so it prints the same table for a run and for its re-evaluation.
+only (no torch), so it prints the same table for a run and for its re-evaluation. A run without the
+passkey stage shows no needle rows, only how to get them: a model trained on text alone sits at the
+floor of the retrieval test (results.json keeps its numbers).
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ LENGTH_ROWS = (  # (label, metric at one length: `ppl/L`, `needle/acc@L`, ..., f
     ("ppl capped", "ppl_capped", ".2f"),
     ("needle acc", "acc", ".2f"),
     ("needle gain", "gain", ".1f"),
+)
+NEEDLE_METRICS = ("acc", "gain")  # the needle rows of LENGTH_ROWS
+NEEDLE_HINT = (
+    "needle: no passkey stage in this run, so no retrieval to show (a model trained on text alone sits at "
+    "the floor); +experiment=needle trains the stage and scores the needle grid"
 )
 SHIFT_ROWS = (  # (label, shift kind, metric, format)
     ("offset max|Δlogit|", "offset", "max_abs_logit", ".3g"),
@@ -45,14 +52,14 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str
     ]
 
 
-def length_table(scalars: Mapping[str, Any]) -> list[str]:
+def length_table(scalars: Mapping[str, Any], needle: bool = True) -> list[str]:
     """The run's metrics at each evaluation length (the perplexity's lengths, else the needle's), one row
-    per metric it has."""
+    per metric it has; without the needle rows when `needle` is False."""
     lengths = key_lengths(scalars, "ppl") or key_lengths(scalars, "acc")
     rows = [
         [label, *(cell(scalars.get(metric_key(metric, n)), fmt) for n in lengths)]
         for label, metric, fmt in LENGTH_ROWS
-        if any(metric_key(metric, n) in scalars for n in lengths)
+        if any(metric_key(metric, n) in scalars for n in lengths) and (needle or metric not in NEEDLE_METRICS)
     ]
     return text_table(["length", *map(str, lengths)], rows) if rows else []
 
@@ -74,7 +81,8 @@ def next_commands(run_dir: Path) -> list[str]:
 
 
 def summary_text(results: Mapping[str, Any], run_dir: Path) -> str:
-    """The end-of-run table from a results.json dict (a run's, or a re-evaluation's with only `eval`)."""
+    """The end-of-run table from a results.json dict (a run's, or a re-evaluation's with only `eval`). A
+    run (it has a `status`) without a passkey stage gets NEEDLE_HINT instead of needle rows."""
     scalars = {k: v for k, v in (results.get("eval") or {}).items() if is_number(v)}
     head = [str(results[k]) for k in ("encoding", "status") if k in results]
     if "seed" in results:
@@ -84,7 +92,9 @@ def summary_text(results: Mapping[str, Any], run_dir: Path) -> str:
             head.append(
                 f"{label} {format(float(results[key]), fmt)}" + (" s" if key == "wall_time_s" else "")
             )
-    lines = ["", "posab: " + (", ".join(head) or "evaluation"), *length_table(scalars)]
+    staged = "status" not in results or bool(results.get("passkey_stage"))  # a re-evaluation: as it was
+    lines = ["", "posab: " + (", ".join(head) or "evaluation"), *length_table(scalars, staged)]
+    lines += [] if staged else [NEEDLE_HINT]
     shift = shift_table(scalars)
     if shift:
         lines += ["shift (inputs within the training length):", *shift]
