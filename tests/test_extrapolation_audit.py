@@ -3,12 +3,14 @@ the attention statistics, on hand-built biases, ALiBi's closed form and every en
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from conftest import ENCODINGS, run_main, tiny_model, typed_config
 from posab.data import CorpusData
@@ -18,7 +20,15 @@ from posab.encodings.multiscale import MultiScale
 from posab.errors import ConfigError
 from posab.evaluate import EvalConfig, run_evaluator
 from posab.evaluate.context import EvalContext
-from posab.evaluate.extrapolation import ExtrapolationAudit, ExtrapolationConfig, bias_summary, input_novelty
+from posab.evaluate.extrapolation import (
+    ExtrapolationAudit,
+    ExtrapolationConfig,
+    bias_pull,
+    bias_summary,
+    input_novelty,
+    pull_scalars,
+)
+from posab.evaluate.pull_backfill import backfill_run
 from posab.keys import format_key, parse_key
 from posab.outputs import EvalOutput
 from posab.plots import png_bytes
@@ -89,6 +99,25 @@ def test_alibi_beyond_the_training_length_is_its_linear_continuation(corpus: Cor
     assert torch.equal(bias[:, TRAIN_LEN:], continued)
     for h in range(2):
         assert output.scalars[f"audit/bias_jump/head{h}"] == pytest.approx(1 / (TRAIN_LEN - 1), rel=1e-12)
+
+
+def test_the_pull_past_the_training_length_separates_a_far_spike_from_a_broad_head() -> None:
+    """Head 0 local (peak 10 at d = 0, decaying), with a spike to 15 at d = 50 past T = 32: nearly all its
+    bias-only attention moves there (pull ~ 1, from 64 on); head 1 flat (a broad head): pull 0; head 2
+    ALiBi-like: pull < 0; the same curve clamped at T - 1: pull 0 for every head."""
+    distance = torch.arange(64.0)
+    local = 10.0 - 0.5 * distance + 30.0 * (distance == 50)
+    curve = torch.stack([local, torch.zeros(64), -0.25 * distance])  # (3, 64)
+    pull = bias_pull(curve, TRAIN_LEN, 64)
+    assert pull[0] > 0.98 and pull[1] == 0 and pull[2] < 0  # e^15 against e^10 / (1 - e^-0.5) near: 0.983
+    assert bias_pull(curve, TRAIN_LEN, 48)[0] < 1e-6  # the spike at 50 is not within a window of 48
+    clamped = torch.cat([curve[:, :TRAIN_LEN], curve[:, TRAIN_LEN - 1 : TRAIN_LEN].expand(-1, 32)], 1)
+    assert torch.equal(bias_pull(clamped, TRAIN_LEN, 64), torch.zeros(3, dtype=torch.float64))
+    scalars = pull_scalars(curve, TRAIN_LEN, [16, 32, 48, 64])
+    assert set(scalars) == {
+        f"audit/bias_pull@{n}{h}" for n in (48, 64) for h in ("", "/head0", "/head1", "/head2")
+    }
+    assert scalars["audit/bias_pull@64"] == float(pull.max())
 
 
 def test_novelty_is_zero_within_the_training_length_and_grows_past_it() -> None:
@@ -191,3 +220,17 @@ def test_a_run_writes_the_audit(tmp_path: Path) -> None:
     assert saved["bias"].shape == (2, 256)
     for name in ("extrapolation_bias.png", "extrapolation_bias.csv", "extrapolation_novelty.csv"):
         assert (tmp_path / "run" / name).is_file()
+
+
+def test_the_backfill_adds_the_pull_from_a_saved_curve_once_and_says_so(tmp_path: Path) -> None:
+    """A run audited before the pull existed: its saved curve gives exactly the evaluator's numbers."""
+    curve = hand_built(torch.arange(64.0)).double()  # (2, 64)
+    np.savez(tmp_path / "extrapolation_bias.npz", distance=np.arange(64), bias=curve.numpy(), train_len=32)
+    OmegaConf.save(OmegaConf.create({"eval": {"lengths": [16, 32, 64]}}), tmp_path / "config.yaml")
+    (tmp_path / "results.json").write_text(json.dumps({"status": "finished", "eval": {"ppl/64": 3.0}}))
+    added = backfill_run(tmp_path)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert added == sorted(pull_scalars(curve, TRAIN_LEN, [64])) and results["eval"]["ppl/64"] == 3.0
+    assert {k: results["eval"][k] for k in added} == pull_scalars(curve, TRAIN_LEN, [64])
+    assert results["backfilled"] == {"posab.evaluate.pull_backfill": added}
+    assert backfill_run(tmp_path) == []  # nothing missing the second time

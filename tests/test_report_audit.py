@@ -19,7 +19,10 @@ def audited_run(seed: int, ppl: tuple[float, ...], jump: float, outside: float, 
     metrics |= {"audit/bias_jump": jump, f"audit/novelty_outside@{LENGTHS[-1]}": outside}
     metrics |= {f"audit/entropy@{n}": entropy + i for i, n in enumerate(LENGTHS)}
     metrics |= {f"audit/distance@{n}": n / 10 for n in LENGTHS}
-    metrics |= {f"audit/novelty_nearest@{LENGTHS[-1]}": 2 * outside}
+    metrics |= {
+        f"audit/novelty_nearest@{LENGTHS[-1]}": 2 * outside,
+        f"audit/bias_pull@{LENGTHS[-1]}": outside,
+    }
     config = {"train.seq_len": "512"}
     return finished_run(f"multiscale-s{seed}", "multiscale", seed, "s", config, metrics)
 
@@ -38,8 +41,8 @@ def test_audit_section_lists_each_run_and_the_flat_and_broken_means() -> None:
     assert rows[0].split(" | ")[1:4] == ["0", "yes", "4.60"]
     assert rows[1].split(" | ")[1:6] == ["1", "no", "4.60", "38.60", "0.9"]
     flat, broken = rows[3].split(" | "), rows[4].split(" | ")
-    assert flat[1:5] == ["flat", "1", "0.01", "0.000"]
-    assert broken[1:5] == ["broken", "2", "0.8", "0.400"]  # means of 0.9 and 0.7, of 0.5 and 0.3
+    assert flat[1:6] == ["flat", "1", "0.01", "0.000", "0.000"]
+    assert broken[1:6] == ["broken", "2", "0.8", "0.400", "0.400"]  # means of 0.9 and 0.7, of 0.5 and 0.3
     assert "entropy@512" in text and "entropy@4096" in text
 
 

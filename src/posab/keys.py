@@ -11,7 +11,8 @@ loggers and the report read them back through this module only. Three families:
 - shift (`posab.evaluate.shift`): `shift/{offset|prefix|context}K/METRIC`, e.g. `shift/offset512/kl`;
 - audit (`posab.evaluate.extrapolation`): `audit/METRIC[@L][/layerN][/headH]`: the bias summary per head
   (`audit/bias_end/head0`; `audit/bias_jump`, the largest over heads), the MLP input novelty at each length
-  (`audit/novelty_outside@4096`) and the attention statistics (`audit/entropy@4096`, the mean over layers
+  (`audit/novelty_outside@4096`), the bias's pull past the training length (`audit/bias_pull@4096/head0`,
+  `audit/bias_pull@4096`) and the attention statistics (`audit/entropy@4096`, the mean over layers
   and heads, and `audit/entropy@4096/layer1/head2`).
 
 VARIANT is an evaluation-time variant of the encoding (RoPE's scalings `pi`, `ntk`, `yarn`); no variant is
@@ -54,7 +55,14 @@ SHIFT_KINDS = ("offset", "prefix", "context")
 AUDIT_HEAD_METRICS = ("bias_end", "bias_min_beyond", "bias_max_beyond")  # per head only
 AUDIT_LENGTH_METRICS = ("novelty_outside", "novelty_outside_max", "novelty_nearest", "novelty_nearest_mean")
 AUDIT_ATTENTION_METRICS = ("entropy", "distance")  # at a length; per (layer, head) or their mean
-AUDIT_METRICS = (*AUDIT_HEAD_METRICS, "bias_jump", *AUDIT_LENGTH_METRICS, *AUDIT_ATTENTION_METRICS)
+AUDIT_PULL = "bias_pull"  # at a length; per head or the largest over heads
+AUDIT_METRICS = (
+    *AUDIT_HEAD_METRICS,
+    "bias_jump",
+    *AUDIT_LENGTH_METRICS,
+    AUDIT_PULL,
+    *AUDIT_ATTENTION_METRICS,
+)
 FAMILY_OF = {
     metric: family
     for family, metrics in (
@@ -136,6 +144,8 @@ def _fields_of(key: MetricKey) -> tuple[set[str], set[str]]:
             return set(), {"head"}
         if key.metric in AUDIT_LENGTH_METRICS:
             return {"length"}, {"length"}
+        if key.metric == AUDIT_PULL:
+            return {"length"}, {"length", "head"}
         return {"length"}, {"length", "layer", "head"} if key.layer is not None else {"length"}
     if key.metric == "digit_acc":
         return {"digit"}, {"length", "digit"}

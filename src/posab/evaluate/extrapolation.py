@@ -22,6 +22,17 @@ path, so the audit reads exactly what the model adds. T = L_train (`train.seq_le
    `extrapolation_bias` table and figure, and the curve itself as `extrapolation_bias.npz`. ALiBi's
    jump_rel is 1 / (T - 1): its bias is the linear continuation. Needs D > T for the summary.
 
+   The pull past T (issue 28's explanation of the multi-scale bias's breaks): at each evaluation length
+   L > T, for each head, the share of the bias-only attention of the last query, softmax_d(b_h(d)) over
+   d < L, that lies at d >= T, minus the same share for the bias held at its last trained value past T
+   (b_h(min(d, T - 1)), a clamp):
+
+       pull_h(L)   sum_{d >= T} softmax(b_h)_d - sum_{d >= T} softmax(b_h(min(., T - 1)))_d
+
+   0 for a clamped bias and for a flat one (a broad head stays as broad), below 0 for a bias that keeps
+   decaying (ALiBi), near 1 when a head that attends locally within T finds, past T, distances its bias
+   ranks above every near one. `audit/bias_pull@L/headH` and `audit/bias_pull@L` (the largest over heads).
+
 2. Input novelty (the multiscale MLP, the hierarchical token level's): x(d) in R^F, the MLP's input
    features, as the first layer receives them (rounded to the autocast dtype). Training inputs
    X_T = {x(d): d < T}; at each evaluation length L, X_L = {x(d): d < L} of the query L - 1:
@@ -44,8 +55,8 @@ path, so the audit reads exactly what the model adds. T = L_train (`train.seq_le
    analysis's timings, `QUERY_CHUNK`: default model, 2 CPU cores, ~4-5 s a window at L = 4096, so under
    ~10 s over 512 .. 4096 with one window); parts 1 and 2 are a few calls of the bias on D distances.
 
-The keys are outside `posab.keys`' grammar (they parse to None), like `attn/...`. With a passkey stage the
-audit runs on the language model, before it.
+The keys are `posab.keys`' audit family. With a passkey stage the audit runs on the language model,
+before it.
 """
 
 from __future__ import annotations
@@ -134,6 +145,29 @@ def bias_summary(bias: Tensor, train_len: int) -> dict[str, Tensor]:
         "jump": jump,
         "jump_rel": relative,
     }
+
+
+def beyond_share(curve: Tensor, train_len: int) -> Tensor:
+    """(H, L) bias curve -> (H,) the share of softmax over the L distances at d >= train_len."""
+    return torch.softmax(curve, dim=1)[:, train_len:].sum(1)
+
+
+def bias_pull(bias: Tensor, train_len: int, length: int) -> Tensor:
+    """(H, D) curve, train_len < length <= D -> (H,) float64 pull past train_len at `length` (docstring)."""
+    curve = bias[:, :length].double()  # (H, L)
+    held = curve[:, train_len - 1 : train_len].expand(-1, length - train_len)  # (H, L - T): b(T - 1)
+    clamped = torch.cat([curve[:, :train_len], held], dim=1)  # (H, L)
+    return beyond_share(curve, train_len) - beyond_share(clamped, train_len)
+
+
+def pull_scalars(bias: Tensor, train_len: int, lengths: list[int]) -> dict[str, float]:
+    """`audit/bias_pull@L/headH` and `audit/bias_pull@L` (max over heads) at each length L > train_len."""
+    scalars: dict[str, float] = {}
+    for length in (n for n in lengths if train_len < n <= bias.shape[1]):
+        pull = bias_pull(bias, train_len, length)
+        scalars |= {metric_key("bias_pull", length, head=h): v for h, v in enumerate(pull.tolist())}
+        scalars[metric_key("bias_pull", length)] = float(pull.max())
+    return scalars
 
 
 def summary_scalars(summary: dict[str, Tensor]) -> dict[str, float]:
@@ -239,6 +273,7 @@ def bias_output(ctx: EvalContext) -> EvalOutput:
     if longest > ctx.train_len:
         summary = bias_summary(bias, ctx.train_len)
         output.scalars.update(summary_scalars(summary))
+        output.scalars.update(pull_scalars(bias, ctx.train_len, list(ctx.cfg.lengths)))
         rows = [
             [h, *values] for h, values in enumerate(torch.stack([summary[n] for n in SUMMARY], 1).tolist())
         ]
@@ -295,6 +330,13 @@ class ExtrapolationAudit(Evaluator[ExtrapolationConfig]):
                 "1/(L_train − 1))"
             )
             columns.append(Column("bias jump", metric_key("bias_jump"), ".3g", legend))
+        if (n := max(key_lengths(keys, "bias_pull"), default=None)) is not None:
+            legend = (
+                f"the pull of the bias past the training length at length {n}: the share of a head's "
+                f"bias-only attention past it, over that of the bias held at its last trained value; the "
+                f"largest over heads (`audit/bias_pull@{n}`; ~1: a local head drawn far, 0: none)"
+            )
+            columns.append(Column(f"pull@{n}", metric_key("bias_pull", n), ".3f", legend))
         if (n := max(key_lengths(keys, "novelty_outside"), default=None)) is not None:
             legend = (
                 f"fraction of the bias MLP's input features outside their training range at length {n}, "

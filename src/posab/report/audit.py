@@ -27,6 +27,7 @@ class AuditColumn:
 
 COLUMNS = (
     AuditColumn(lambda t, n: "bias jump", lambda t, n: metric_key("bias_jump"), ".3g"),
+    AuditColumn(lambda t, n: f"pull@{n}", lambda t, n: metric_key("bias_pull", n), ".3f"),
     AuditColumn(lambda t, n: f"outside@{n}", lambda t, n: metric_key("novelty_outside", n), ".3f"),
     AuditColumn(lambda t, n: f"nearest@{n}", lambda t, n: metric_key("novelty_nearest", n), ".3g"),
     AuditColumn(lambda t, n: f"entropy@{t}", lambda t, n: metric_key("entropy", t), ".3f"),
@@ -39,6 +40,10 @@ LEGEND = (
     "flat verdict (see above) and perplexities at T and at the longest length L",
     "bias jump: the largest step of the additive bias past T over its range within T, largest head "
     "(`audit/bias_jump`); — for an encoding without an additive bias",
+    "pull@L: the share of a head's bias-only attention (the last query of a window of L) that lies past T, "
+    "minus that share for the bias held at b(T − 1) past T; the largest over heads (`audit/bias_pull@L`): "
+    "near 1 when a head that attends locally within T ranks some distance past T above every near one, 0 "
+    "for a clamped or flat bias, below 0 for one that keeps decaying",
     "outside@L: the share of the bias MLP's input features (mean over features) whose value at the distances "
     "of length L lies outside the range it took over the training distances (`audit/novelty_outside@L`)",
     "nearest@L: the largest distance from an evaluation input vector to its nearest training input vector "
