@@ -152,27 +152,23 @@ def test_bad_scalings() -> None:
         pass
     with pytest.raises(ValueError, match=">= 1"), RoPE(DIMS).variant("pi", 0.5):
         pass
-    with pytest.raises(ConfigError, match="eval.rope_scaling"):
-        typed_config(["eval.rope_scaling=[none,linear]"])
-    with pytest.raises(ConfigError, match="eval.rope_scaling"):
-        typed_config(["eval.rope_scaling=[pi,pi]"])
-    with pytest.raises(ConfigError, match="eval.rope_scaling_factor"):
-        typed_config(["eval.rope_scaling_factor=0.5"])
-    assert typed_config().eval.rope_scaling == KINDS
+    with pytest.raises(ConfigError, match="eval.perplexity.rope_scaling"):
+        typed_config(["eval.perplexity.rope_scaling=[none,linear]"])
+    with pytest.raises(ConfigError, match="eval.perplexity.rope_scaling"):
+        typed_config(["eval.perplexity.rope_scaling=[pi,pi]"])
+    with pytest.raises(ConfigError, match="eval.perplexity.rope_scaling_factor"):
+        typed_config(["eval.perplexity.rope_scaling_factor=0.5"])
+    assert typed_config().eval.perplexity.rope_scaling == KINDS
 
 
 def perplexity_eval(ctx: EvalContext) -> dict[str, Any]:
     return run_evaluator(ctx, "perplexity").results
 
 
-def context(corpus: CorpusData, encoding: str, **settings: object) -> EvalContext:
-    cfg = EvalConfig(
-        lengths=[64, 128],
-        batch_tokens=256,
-        progress=False,
-        perplexity=PerplexityConfig(token_budget=256, position_bins=4),
-        **settings,  # type: ignore[arg-type]
-    )
+def context(corpus: CorpusData, encoding: str, **scaling: object) -> EvalContext:
+    """`scaling`: the perplexity section's rope_scaling and rope_scaling_factor."""
+    perplexity = PerplexityConfig(token_budget=256, position_bins=4, **scaling)  # type: ignore[arg-type]
+    cfg = EvalConfig(lengths=[64, 128], batch_tokens=256, progress=False, perplexity=perplexity)
     return EvalContext(
         tiny_model(encoding), corpus.tokenizer, corpus.streams["valid"], torch.device("cpu"), None, 64, cfg
     )

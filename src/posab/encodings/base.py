@@ -25,6 +25,9 @@ from torch import Tensor, nn
 
 from posab.errors import ConfigError
 
+# The evaluation-time variants an encoding may offer (`Encoding.variants`): the context extensions of RoPE
+# (position interpolation, NTK-aware scaling, YaRN); the perplexity evaluator scores the ones it is asked for.
+CONTEXT_EXTENSIONS = ("pi", "ntk", "yarn")
 # The model's initialisation std for its embeddings and matrices (GPT-2; Radford et al., 2019): the token
 # embeddings start with norm ~ INIT_STD * sqrt(d_model); an encoding that adds to them sizes itself on it.
 INIT_STD = 0.02

@@ -32,10 +32,10 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from posab.encodings.base import Dims, Encoding, Positions
+from posab.encodings.base import CONTEXT_EXTENSIONS, Dims, Encoding, Positions
 from posab.errors import ConfigError
 
-SCALINGS = ("none", "pi", "ntk", "yarn")
+SCALINGS = ("none", *CONTEXT_EXTENSIONS)
 YARN_ALPHA = 1.0  # ramp start, in rotations per training window (the paper's value)
 YARN_BETA = 32.0  # ramp end
 

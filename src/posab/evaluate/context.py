@@ -16,7 +16,6 @@ from posab.data import TokenStream
 from posab.data.tokenizer import Tokenizer, byte_lengths
 from posab.device import autocast
 from posab.distributed import progress_bar
-from posab.encodings.rope import SCALINGS
 from posab.errors import require
 from posab.keys import NAME
 from posab.model import DecoderLM, Observer
@@ -55,10 +54,6 @@ class EvalSettings:
     split: str = "valid"  # the text scored: valid (tuning, selection) | test (a study's final numbers)
     batch_tokens: int = 16384  # batch size per length = max(1, batch_tokens // length)
     progress: bool = True  # tqdm bars on stderr (rank 0 only): per length / cell / shift, and inner ones
-    # encodings with evaluation-time variants (RoPE), at lengths past the training length: extra rows
-    # `ppl@KIND/L` (see `Encoding.variants`)
-    rope_scaling: list[str] = field(default_factory=lambda: ["none", "pi", "ntk", "yarn"])
-    rope_scaling_factor: float | None = None  # None: s = L / training length; else this fixed s >= 1
     corpora: list[EvalCorpus] = field(default_factory=list)  # further corpora scored like `split`
 
     def validate_settings(self) -> None:
@@ -66,12 +61,6 @@ class EvalSettings:
         require(self.batch_tokens > 0, f"eval.batch_tokens={self.batch_tokens} must be positive")
         bad = [n for n in self.lengths if n < 1]
         require(not bad, f"eval.lengths={self.lengths}: every length must be >= 1 (bad: {bad})")
-        kinds, factor = self.rope_scaling, self.rope_scaling_factor
-        bad_kinds = sorted(set(kinds) - set(SCALINGS)) or sorted({k for k in kinds if kinds.count(k) > 1})
-        require(
-            not bad_kinds, f"eval.rope_scaling={kinds}: each of {'/'.join(SCALINGS)} once; bad: {bad_kinds}"
-        )
-        require(factor is None or factor >= 1, f"eval.rope_scaling_factor={factor} must be >= 1, or null")
         names = [corpus.name for corpus in self.corpora]
         twice = sorted({n for n in names if names.count(n) > 1})
         require(not twice, f"eval.corpora: each name once; {twice} given more than once")

@@ -24,15 +24,16 @@ difference between lengths is the length, not the text. perplexity = exp(total l
   (`perplexity_windows.npz`), so that runs can be paired window by window and windows resampled within
   documents.
 
-Encodings with evaluation-time variants (`Encoding.variants`: RoPE's context-extension methods `pi`, `ntk`,
-`yarn`; see `posab.encodings.rope`), at each length L past the training length: the same chunks are
-scored again under each variant listed in `eval.rope_scaling` at scale factor s = L / train_len (or
-`eval.rope_scaling_factor`), as `loss@KIND/L`, `ppl@KIND/L`, `bpb@KIND/L`, `position_loss@KIND/L`,
-`ppl_windows@KIND/L`, the tail of those scaled losses (`loss_tail@KIND/L`, `ppl_tail@KIND/L`: positions
->= T), `loss_docmean@KIND/L` and `ppl_docmean@KIND/L`, and the per-window losses `loss@KIND/L` and
-`loss_tail@KIND/L` in the `perplexity_windows` arrays (`none` is the plain rows; at L <= T every variant
-would equal `none`, so those rows are left out). Capped perplexity is not measured under a variant: it
-scores inputs of the training length, which the variants exist to go beyond. Keys: `posab.keys`.
+Encodings with evaluation-time variants (`Encoding.variants`: the context extensions `pi`, `ntk`, `yarn`
+of `posab.encodings.base.CONTEXT_EXTENSIONS`, which RoPE offers), at each length L past the training
+length: the same chunks are scored again under each variant listed in `eval.perplexity.rope_scaling` at
+scale factor s = L / train_len (or `eval.perplexity.rope_scaling_factor`), as `loss@KIND/L`, `ppl@KIND/L`,
+`bpb@KIND/L`, `position_loss@KIND/L`, `ppl_windows@KIND/L`, the tail of those scaled losses
+(`loss_tail@KIND/L`, `ppl_tail@KIND/L`: positions >= T), `loss_docmean@KIND/L` and `ppl_docmean@KIND/L`,
+and the per-window losses `loss@KIND/L` and `loss_tail@KIND/L` in the `perplexity_windows` arrays
+(`none` is the plain rows; at L <= T every variant would equal `none`, so those rows are left out).
+Capped perplexity is not measured under a variant: it scores inputs of the training length, which the
+variants exist to go beyond. Keys: `posab.keys`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posab.encodings.base import CONTEXT_EXTENSIONS
 from posab.errors import require
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
@@ -63,9 +65,17 @@ class PerplexityConfig(SectionConfig):
     position_bins: int = 32  # per-position loss: equal-width bins over each chunk
     stride: int | None = None  # also report sliding-window perplexity with this stride
     capped_stride: int = 128  # ppl_capped: tail tokens scored per window of the training length
+    # encodings with evaluation-time variants (RoPE's context extensions), at lengths past the training
+    # length: extra rows `ppl@KIND/L` (see `Encoding.variants`); "none" is the model as trained
+    rope_scaling: list[str] = field(default_factory=lambda: ["none", *CONTEXT_EXTENSIONS])
+    rope_scaling_factor: float | None = None  # None: s = L / training length; else this fixed s >= 1
 
     def validate(self, settings: EvalSettings) -> None:
         p = "eval.perplexity"
+        kinds, factor, known = self.rope_scaling, self.rope_scaling_factor, ("none", *CONTEXT_EXTENSIONS)
+        bad_kinds = sorted(set(kinds) - set(known)) or sorted({k for k in kinds if kinds.count(k) > 1})
+        require(not bad_kinds, f"{p}.rope_scaling={kinds}: each of {'/'.join(known)} once; bad: {bad_kinds}")
+        require(factor is None or factor >= 1, f"{p}.rope_scaling_factor={factor} must be >= 1, or null")
         require(self.token_budget > 0, f"{p}.token_budget={self.token_budget} must be positive")
         require(self.windows is None or self.windows > 0, f"{p}.windows={self.windows} must be positive")
         require(self.position_bins > 0, f"{p}.position_bins={self.position_bins} must be positive")
@@ -157,13 +167,13 @@ def loss_rows(
 
 def scaled_losses(ctx: EvalContext, starts: np.ndarray, length: int) -> dict[str, Tensor]:
     """Per-token losses (N, L) of the windows under each evaluation-time variant of the encoding listed in
-    `eval.rope_scaling` (`none` excluded); empty for encodings without variants and up to the training
-    length."""
-    encoding = ctx.model.encoding
-    kinds = [kind for kind in ctx.cfg.rope_scaling if kind in encoding.variants]
+    `eval.perplexity.rope_scaling` (`none` excluded); empty for encodings without variants and up to the
+    training length."""
+    encoding, settings = ctx.model.encoding, ctx.cfg.perplexity
+    kinds = [kind for kind in settings.rope_scaling if kind in encoding.variants]
     if not kinds or length <= ctx.train_len:
         return {}
-    fixed = ctx.cfg.rope_scaling_factor
+    fixed = settings.rope_scaling_factor
     factor = length / ctx.train_len if fixed is None else fixed
     out: dict[str, Tensor] = {}
     for kind in kinds:
