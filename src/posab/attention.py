@@ -57,7 +57,7 @@ def attention(
     scale: Tensor | None = None,
     factors: BiasFactors | None = None,
     whole: Tensor | None = None,
-    mixer: nn.Module | None = None,
+    mixer: PairMLP | None = None,
 ) -> Tensor:
     """q, k, v: (B, H, T, D); mask: (1|B, H, T, T) additive, causal part included, or None -> (B, H, T, D).
 
@@ -108,7 +108,7 @@ def attention_scores(
     scale: Tensor | None,
     start: int,
     end: int,
-    mixer: nn.Module | None = None,
+    mixer: PairMLP | None = None,
 ) -> Tensor:
     """Float32 scores of queries start:end over keys 0:end (later keys are masked anyway): (B, H, c, end).
 
@@ -133,7 +133,7 @@ def attention_probabilities(
     scale: Tensor | None,
     start: int,
     end: int,
-    mixer: nn.Module | None = None,
+    mixer: PairMLP | None = None,
 ) -> Tensor:
     """softmax of `attention_scores` over the keys: (B, H, c, end) float32."""
     return torch.softmax(attention_scores(q, k, mask, scale, start, end, mixer), dim=-1)
@@ -147,7 +147,7 @@ class AttentionInputs:
     k: Tensor  # (B, H, T, D), rotated by the encoding
     mask: Tensor | None  # (1|B, H, T, T) additive, causal part included, or None (causal only)
     scale: Tensor | None  # (1|B, H, T, T) multiplies q.k / sqrt(D) before the mask, or None
-    mixer: nn.Module | None = None  # the layer's function of logits and bias (DAPE), or None
+    mixer: PairMLP | None = None  # the layer's function of logits and bias (DAPE), or None
 
     def probabilities(self, start: int = 0, end: int | None = None) -> Tensor:
         """The layer's attention probabilities of queries start:end over keys 0:end, in float32 from float32
