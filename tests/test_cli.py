@@ -46,10 +46,12 @@ def test_train_every_encoding(encoding: str, tmp_path: Path) -> None:
     assert any('"val/loss"' in line for line in (run / "metrics.jsonl").read_text().splitlines())
     table = proc.stdout[proc.stdout.index("posab: ") :].splitlines()  # the end-of-run table, last
     assert table[0].startswith(f"posab: {encoding}, finished, seed 0")
-    for label, key in (("ppl ", "ppl/{}"), ("needle gain", "needle/gain@{}")):
-        row = next(line for line in table if line.startswith(label)).removeprefix(label).split()
-        expected = [results["eval"][key.format(n)] for n in (128, 256)]
-        assert [float(cell) for cell in row] == pytest.approx(expected, abs=0.05)
+    row = next(line for line in table if line.startswith("ppl ")).removeprefix("ppl ").split()
+    expected = [results["eval"][f"ppl/{n}"] for n in (128, 256)]
+    assert [float(cell) for cell in row] == pytest.approx(expected, abs=0.05)
+    # no passkey stage: the needle's numbers stay in results.json, the table says how to get retrieval
+    assert "needle/gain@128" in results["eval"] and not any(line.startswith("needle ") for line in table)
+    assert any(line.startswith("needle: no passkey stage") for line in table)
     assert f"run directory: {run}" in table and any("scripts/report.py" in line for line in table)
 
 
