@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from conftest import tiny_model
+from conftest import run_main, tiny_model
 from posab.encodings import Dims, Positions
 from posab.encodings.hierarchical import Hierarchical
 from posab.encodings.multiscale import MultiScale
 from posab.errors import ConfigError
+from posab.report.rundirs import load_run
+from posab.run import reevaluate
 from tolerances import EPS32, assert_close_to_scale, scale_of
 
 VARIANTS = [
@@ -130,3 +136,30 @@ def test_the_hierarchical_clamp_holds_its_token_level_and_leaves_the_structure_l
     assert torch.equal(factors.dense(), free_factors.dense())
     with pytest.raises(ConfigError, match=r"hierarchical clamp=0: use null"):
         Hierarchical(dims, clamp=0)
+
+
+@pytest.mark.parametrize("encoding", ["multiscale", "hierarchical"])
+def test_a_clamp_is_evaluated_on_a_trained_run_as_a_run_of_its_own(tmp_path: Path, encoding: str) -> None:
+    """The clamp at L_train - 1 never acts in training, so `reevaluate(..., as_run=True)` turns a run into
+    the clamp arm's run: its own record, the clamp in its config, the same numbers at L_train, a bias held
+    at b(L_train - 1) past it; a clamp that would have acted in training is refused, nothing written."""
+    trained = run_main(
+        ["+experiment=tiny", f"encoding={encoding}", "eval.needle.enabled=false"], tmp_path / "run"
+    )
+    out = tmp_path / "clamped"
+    reevaluate(tmp_path / "run", ["encoding.clamp=train"], out, as_run=True)
+    record = json.loads((out / "results.json").read_text())
+    assert OmegaConf.load(out / "config.yaml").encoding.clamp == "train"
+    assert record["val_loss"] == trained["val_loss"] and record["reevaluated"]["from"] == "run"
+    assert record["overrides"].endswith("encoding.clamp=train")
+    assert record["eval"]["ppl/128"] == pytest.approx(trained["eval"]["ppl/128"], rel=1e-6)
+    for head in range(2):  # the tiny model's heads: b(d) = b(127) for every d past 127
+        key = f"audit/bias_{{}}/head{head}"
+        assert record["eval"][key.format("min_beyond")] == record["eval"][key.format("max_beyond")]
+        assert trained["eval"][key.format("min_beyond")] != trained["eval"][key.format("max_beyond")]
+    assert load_run(out).config["encoding.clamp"] == "train"  # the report reads it as a run
+    with pytest.raises(ConfigError, match="would have changed training"):
+        reevaluate(tmp_path / "run", ["encoding.clamp=8"], tmp_path / "refused", as_run=True)
+    with pytest.raises(ConfigError, match="inside"):
+        reevaluate(tmp_path / "run", ["encoding.clamp=train"], tmp_path / "run" / "eval", as_run=True)
+    assert not (tmp_path / "refused").exists() and not (tmp_path / "run" / "eval").exists()

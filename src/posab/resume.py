@@ -83,11 +83,20 @@ def resume_state(cfg: Config, run_dir: Path, truncate: bool = True) -> dict[str,
 
 
 def check_compatible(
-    saved: dict[str, Any], current: dict[str, Any], path: Path, keys: tuple[str, ...]
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    path: Path,
+    keys: tuple[str, ...],
+    checked_elsewhere: tuple[str, ...] = (),
 ) -> None:
-    """ConfigError listing every field under `keys` where the checkpoint's config differs from this one."""
+    """ConfigError listing every field under `keys` (but not the fields `checked_elsewhere`) where the
+    checkpoint's config differs from this one."""
     saved_flat, current_flat = flatten(saved), flatten(current)
-    fields = sorted(k for k in saved_flat.keys() | current_flat.keys() if k.startswith(keys))
+    fields = sorted(
+        k
+        for k in saved_flat.keys() | current_flat.keys()
+        if k.startswith(keys) and k not in checked_elsewhere
+    )
     differ = [f for f in fields if saved_flat.get(f) != current_flat.get(f)]
     if differ:
         details = "; ".join(
@@ -104,11 +113,14 @@ def truncate_metrics(path: Path, step: int) -> None:
     write_text(path, "".join(line + "\n" for line in kept))
 
 
-def load_model_state(cfg: Config, model: DecoderLM, path: Path) -> int:
-    """Load the model of checkpoint `path` after a compatibility check of the model and encoding; returns
-    its step."""
+def load_model_state(
+    cfg: Config, model: DecoderLM, path: Path, checked_elsewhere: tuple[str, ...] = ()
+) -> int:
+    """Load the model of checkpoint `path` after a compatibility check of the model and encoding (but not
+    the fields `checked_elsewhere`, e.g. a re-evaluation's `encoding.clamp`); returns its step."""
     state = load_checkpoint(path)
-    check_compatible(state.get("config", {}), config_container(cfg), path, ("model", "encoding"))
+    config = state.get("config", {})
+    check_compatible(config, config_container(cfg), path, ("model", "encoding"), checked_elsewhere)
     model.load_state_dict(state["model"])
     return int(state["step"])
 
