@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from posab.distributed import init_from_env
 from posab.errors import ConfigError, Preempted, TrainingError
-from posab.run import JobInfo, main
+from posab.run.wiring import JobInfo, main
 
 EXIT_CODES = {ConfigError: 2, TrainingError: 1, Preempted: Preempted.exit_code}
 

@@ -1,13 +1,8 @@
-"""The audit's pull past the training length for runs made before the audit had it.
-
-    python scripts/audit_backfill.py RUN_DIR [RUN_DIR ...]
-
-See `posab.evaluate.pull_backfill`.
-"""
+"""The `posab` command's subcommand of this name, kept for the commands in committed reports."""
 
 import sys
 
-from posab.evaluate.pull_backfill import main
+from posab.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["audit-backfill", *sys.argv[1:]]))

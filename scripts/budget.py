@@ -1,13 +1,8 @@
-"""Where a study's ranking by validation loss stops changing (the study's budget).
-
-    python scripts/budget.py outputs/multirun/SWEEP [DIR ...] --out results/NAME [--minimum 600]
-
-See `posab.report.budget`.
-"""
+"""The `posab` command's subcommand of this name, kept for the commands in committed reports."""
 
 import sys
 
-from posab.report.budget import main
+from posab.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["budget", *sys.argv[1:]]))

@@ -1,13 +1,8 @@
-"""Retrieval summary of runs with a passkey stage (needle by length, stage curves).
-
-    python scripts/needle_report.py outputs/multirun/SWEEP [RUN_DIR ...] --out results/needle_pilot
-
-See `posab.needle_report`.
-"""
+"""The `posab` command's subcommand of this name, kept for the commands in committed reports."""
 
 import sys
 
-from posab.needle_report import main
+from posab.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["needle-report", *sys.argv[1:]]))

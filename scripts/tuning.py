@@ -1,13 +1,8 @@
-"""Each encoding's learning rate and encoding lr_mult, picked on the validation loss of a tuning sweep.
-
-    python scripts/tuning.py outputs/multirun/SWEEP [DIR ...] --out results/NAME
-
-See `posab.report.tuning`.
-"""
+"""The `posab` command's subcommand of this name, kept for the commands in committed reports."""
 
 import sys
 
-from posab.report.tuning import main
+from posab.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["tuning", *sys.argv[1:]]))

@@ -22,13 +22,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from posab import run
 from posab.build import build_model
 from posab.config import Config, load_config
 from posab.data import CorpusData, DataConfig, SyntheticConfig, prepare_data
 from posab.data.tokenizer import VOCAB_SIZE
 from posab.model import DecoderLM
 from posab.paths import encoding_names
+from posab.run import wiring as run
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -65,7 +65,7 @@ def tiny_model(encoding: str, *overrides: str, seed: int = 0) -> DecoderLM:
 
 
 def run_main(overrides: list[str], run_dir: Path) -> dict[str, Any]:
-    """In-process `python train.py OVERRIDES`: posab.run.main on the config train.py composes, with the
+    """In-process `python train.py OVERRIDES`: posab.run.wiring.main on the config train.py composes, with the
     JSONL logger (unless `overrides` choose one) on TEST_THREADS threads, writing into `run_dir`. A bad
     input raises its ConfigError (train.py prints it on one line and exits with 2: tests/test_cli.py)."""
     logger = [] if any(o.startswith("logger=") for o in overrides) else ["logger=jsonl"]
@@ -135,7 +135,7 @@ def run_train(args: list[str], cwd: Path = ROOT, timeout: int = 300) -> subproce
 
 @pytest.fixture(autouse=True)
 def torch_threads() -> Iterator[None]:
-    """Back to TEST_THREADS after each test: posab.run.main sets its run's thread count."""
+    """Back to TEST_THREADS after each test: posab.run.wiring.main sets its run's thread count."""
     yield
     torch.set_num_threads(TEST_THREADS)
 

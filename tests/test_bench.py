@@ -1,4 +1,4 @@
-"""scripts/bench.py --quick as a user runs it, and the benchmark's reference computations."""
+"""posab bench --quick as a user runs it, and the benchmark's reference computations."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ENCODINGS, ROOT, isolated_env, tiny_model
+from conftest import ENCODINGS, isolated_env, tiny_model
 from posab.bench.bias import BIASED, skip_note
 from posab.bench.inputs import document_structure
 from posab.bench.kernels import kernel_facts
@@ -30,10 +30,10 @@ PHASES = ["build", "forward", "forward+backward"]
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """`scripts/bench.py --quick` without --out, from an empty folder: (that folder, stdout)."""
+    """`posab bench --quick` without --out, from an empty folder: (that folder, stdout)."""
     cwd = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/bench.py"), "--quick"],
+        [sys.executable, "-m", "posab", "bench", "--quick"],
         capture_output=True,
         text=True,
         timeout=120,

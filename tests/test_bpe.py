@@ -13,11 +13,11 @@ from conftest import run_main, typed_config
 from posab.data import CorpusData, DataConfig, SyntheticConfig, prepare_data
 from posab.data.bpe import BYTE_CHARS, TOKENIZER_FILE, BPETokenizer
 from posab.data.corpora import corpus_identity
-from posab.data.passkey import QUERY, filler_length, make_passkey_example
 from posab.data.streams import CACHE_FORMAT, cache_key
 from posab.data.synthetic import SyntheticSpec, generate_corpus
 from posab.data.tokenizer import BOS, EOS, PARA, SENT, ByteTokenizer, Encoded
 from posab.errors import ConfigError
+from posab.passkey.examples import QUERY, filler_length, make_passkey_example
 
 SMALL = SyntheticConfig(vocab_size=300, train_docs=4, valid_docs=2, test_docs=2)
 # non-ASCII text, a '.' inside a number, closing quotes, blank lines with spaces, anchor names as text

@@ -1,8 +1,9 @@
-"""`python train.py ...` end to end, as a user runs it (e2e); what posab.run.main says about bad input, each
-case in-process, and how train.py prints it, a few cases end to end."""
+"""`python train.py ...` end to end, as a user runs it (e2e); what posab.run.wiring.main says
+about bad input, each case in-process, and how train.py prints it, a few cases end to end."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from hydra.errors import MissingConfigException
 
 from conftest import ENCODINGS, ROOT, compose_config, run_main, run_train
+from posab import cli
 from posab.data.synthetic import SyntheticSpec, generate_corpus, write_text_folder
 from posab.errors import ConfigError
 
@@ -52,7 +54,7 @@ def test_train_every_encoding(encoding: str, tmp_path: Path) -> None:
     # no passkey stage: the needle's numbers stay in results.json, the table says how to get retrieval
     assert "needle/gain@128" in results["eval"] and not any(line.startswith("needle ") for line in table)
     assert any(line.startswith("needle: no passkey stage") for line in table)
-    assert f"run directory: {run}" in table and any("scripts/report.py" in line for line in table)
+    assert f"run directory: {run}" in table and any("posab report" in line for line in table)
 
 
 def test_train_on_a_text_folder(tmp_path: Path) -> None:
@@ -71,8 +73,8 @@ def error_line(proc) -> str:
 
 
 def config_error(tmp_path: Path, *more: str) -> str:
-    """The ConfigError posab.run.main raises for these overrides (train.py prints it as `error: ...` on one
-    line, exit code 2, no traceback): its message, one line, also recorded in results.json."""
+    """The ConfigError posab.run.wiring.main raises for these overrides (train.py prints it as `error: ...`
+    on one line, exit code 2, no traceback): its message, one line, also recorded in results.json."""
     with pytest.raises(ConfigError) as info:
         run_main(["+experiment=tiny", f"data.cache_dir={tmp_path / 'cache'}", *more], tmp_path / "run")
     message = str(info.value)
@@ -139,7 +141,7 @@ def test_reevaluating_a_checkpoint_gives_the_numbers_of_the_run(tmp_path: Path) 
     trained = json.loads((run / "results.json").read_text())["eval"]
     assert {"ppl/128", "needle/acc", "shift/offset64/kl", "shift/prefix16/dloss"} <= set(trained)
     assert (run / "needle_heatmap.png").stat().st_size > 0
-    script = [str(ROOT / "scripts" / "evaluate.py"), str(run), "--out", str(tmp_path / "again")]
+    script = ["-m", "posab", "evaluate", str(run), "--out", str(tmp_path / "again")]
     again = subprocess.run([sys.executable, *script], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     reevaluated = json.loads((tmp_path / "again" / "results.json").read_text())["eval"]
@@ -167,3 +169,20 @@ def test_eval_length_longer_than_the_validation_split(tmp_path: Path) -> None:
     message = config_error(tmp_path, "eval.lengths=[128,10000000]")
     assert "[10000000]" in message and "valid split" in message and "tokens" in message
     assert not (tmp_path / "run" / "checkpoint.pt").exists()  # failed before any training
+
+
+def test_posab_lists_its_commands_and_names_an_unknown_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2 and "evaluate" in capsys.readouterr().out
+    assert cli.main(["--help"]) == 0 and "report" in capsys.readouterr().out
+    assert cli.main(["reprot"]) == 2
+    assert "no command 'reprot'; commands: evaluate, report" in capsys.readouterr().err
+    for module, _ in cli.COMMANDS.values():
+        assert callable(importlib.import_module(module).main), module
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "scripts").glob("*.py")), ids=lambda p: p.name)
+def test_every_script_is_a_posab_command(script: Path) -> None:
+    """scripts/NAME.py (the commands in committed reports) runs `posab NAME` (underscores as hyphens)."""
+    command = script.stem.replace("_", "-")
+    assert command in cli.COMMANDS
+    assert f'main(["{command}", *sys.argv[1:]])' in script.read_text()

@@ -281,7 +281,7 @@ def test_fixed_windows_on_a_too_small_split_names_both_sizes() -> None:
 
 def test_train_sampler_is_reproducible_from_its_seed(train_stream: TokenStream) -> None:
     def batches(seed: int) -> list[torch.Tensor]:
-        sampler = TrainSampler(train_stream, ByteTokenizer(), seq_len=32, batch_size=4, seed=seed)
+        sampler = TrainSampler(train_stream, seq_len=32, batch_size=4, seed=seed)
         return [sampler.next_batch().inputs for _ in range(3)]
 
     same, again, other = batches(0), batches(0), batches(1)
@@ -290,10 +290,10 @@ def test_train_sampler_is_reproducible_from_its_seed(train_stream: TokenStream) 
 
 
 def test_train_sampler_stays_in_bounds_and_rejects_a_too_small_split() -> None:
-    sampler = TrainSampler(tiny_stream(9), ByteTokenizer(), seq_len=8, batch_size=5, seed=0)
+    sampler = TrainSampler(tiny_stream(9), seq_len=8, batch_size=5, seed=0)
     assert sampler.next_batch().targets.tolist() == [list(range(1, 9))] * 5
     with pytest.raises(ConfigError, match="8 tokens"):
-        TrainSampler(tiny_stream(8), ByteTokenizer(), seq_len=8, batch_size=1, seed=0)
+        TrainSampler(tiny_stream(8), seq_len=8, batch_size=1, seed=0)
 
 
 # ---------------------------------------------------------------- local text

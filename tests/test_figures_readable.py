@@ -26,12 +26,12 @@ from matplotlib.legend import Legend
 from matplotlib.transforms import Bbox
 from report_runs import finished_run
 
-from posab.needle_report import by_length_figure, stage_curves_figure, stage_rows
 from posab.plots import new_figure
 from posab.report.curves import training_curves_figure
 from posab.report.document import named_rows
 from posab.report.figures import needle_figure, position_loss_figure, ppl_vs_length_figure, shift_figure
 from posab.report.grouping import Row, group_rows
+from posab.report.needle import by_length_figure, stage_curves_figure, stage_rows
 from posab.report.records import STAGE_KEY_LOSS, STAGE_PROBES, RunRecord
 from posab.report.tuning import picks, points, tuning_figure
 

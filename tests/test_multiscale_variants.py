@@ -15,7 +15,7 @@ from posab.encodings.hierarchical import Hierarchical
 from posab.encodings.multiscale import MultiScale
 from posab.errors import ConfigError
 from posab.report.rundirs import load_run
-from posab.run import reevaluate
+from posab.run.reevaluation import reevaluate
 from tolerances import EPS32, assert_close_to_scale, scale_of
 
 VARIANTS = [

@@ -1,4 +1,4 @@
-"""Passkey examples (posab.data.passkey) and the needle evaluation (posab.evaluate.needle)."""
+"""Passkey examples (posab.passkey.examples) and the needle evaluation (posab.evaluate.needle)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from torch import Tensor, nn
 
 from conftest import run_main, tiny_model
 from posab.data import DataConfig, SyntheticConfig, TokenStream, prepare_data
-from posab.data.passkey import (
+from posab.data.tokenizer import PARA, VOCAB_SIZE, ByteTokenizer
+from posab.errors import ConfigError
+from posab.evaluate import EvalConfig, run_evaluator
+from posab.evaluate.context import EvalContext
+from posab.evaluate.needle import NeedleConfig, cell_examples, score_batch
+from posab.outputs import EvalOutput
+from posab.passkey.examples import (
     GAP,
     NEEDLE,
     QUERY,
@@ -26,12 +32,6 @@ from posab.data.passkey import (
     random_key,
     with_needle_key,
 )
-from posab.data.tokenizer import PARA, VOCAB_SIZE, ByteTokenizer
-from posab.errors import ConfigError
-from posab.evaluate import EvalConfig, run_evaluator
-from posab.evaluate.context import EvalContext
-from posab.evaluate.needle import NeedleConfig, cell_examples, score_batch
-from posab.outputs import EvalOutput
 from posab.plots import png_bytes
 
 DEPTHS = [0.0, 0.5, 1.0]

@@ -18,7 +18,7 @@ from posab.encodings.learned import Learned
 from posab.encodings.sinusoidal import Sinusoidal
 from posab.errors import ConfigError
 from posab.model import DecoderLM
-from posab.train import TrainConfig, build_optimizer, lr_multiplier
+from posab.training.trainer import TrainConfig, build_optimizer, lr_multiplier
 from tolerances import assert_close_to_scale
 
 ADDS_TO_EMBEDDINGS = {"sinusoidal", "learned"}  # the encodings whose `embed` changes x

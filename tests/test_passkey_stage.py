@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,16 @@ import pytest
 import torch
 
 from conftest import run_main, tiny_model, typed_config
-from posab import needle_report
 from posab.data import CorpusData
-from posab.data.passkey import passkey_batch
 from posab.errors import ConfigError
-from posab.losses import token_losses
-from posab.passkey_stage import PasskeyStageConfig, key_accuracy, key_loss
+from posab.passkey.examples import passkey_batch
+from posab.passkey.stage import PasskeyStageConfig, key_accuracy, key_loss
 from posab.report import main as report_main
-from posab.run import reevaluate
+from posab.report import needle as needle_report
+from posab.run.reevaluation import reevaluate
+from posab.training.loop import warmup_cosine
+from posab.training.losses import token_losses
+from posab.training.trainer import TrainConfig, lr_multiplier
 
 STAGE = ["passkey.enabled=true", "passkey.lengths=[96,128]", "passkey.steps=[3,2]", "passkey.log_every=1",
          "passkey.probe_every=2", "passkey.probe_examples=4"]  # fmt: skip
@@ -49,14 +52,20 @@ def test_the_curriculum_schedule() -> None:
         cfg.length_at(900)
 
 
-def test_the_learning_rate_schedules() -> None:
+def test_the_stage_and_the_language_model_share_one_schedule() -> None:
+    """`lr_factor` is `warmup_cosine`, the language model's: the same rates for the same settings (the
+    stage's cosine reached min_lr_ratio at its last step before issue 29; now one step later, as
+    training's)."""
     constant = PasskeyStageConfig(steps=[60, 20, 10, 10], warmup_steps=10, schedule="constant")
     assert [constant.lr_factor(s) for s in (0, 4, 9, 10, 99)] == [0.1, 0.5, 1.0, 1.0, 1.0]
     cosine = PasskeyStageConfig(steps=[60, 20, 10, 10], warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
     factors = [cosine.lr_factor(s) for s in range(100)]
     assert factors[:10] == [constant.lr_factor(s) for s in range(10)]
-    assert factors[10] == pytest.approx(1.0) and factors[99] == pytest.approx(0.1)
-    assert factors[54] == pytest.approx(0.55, abs=0.01)  # halfway through the decay
+    language_model = TrainConfig(steps=100, warmup_steps=10, min_lr_ratio=0.1)
+    assert factors == [lr_multiplier(s, language_model) for s in range(100)]
+    assert factors[10] == 1.0 and warmup_cosine(100, 10, 100, 0.1) == pytest.approx(0.1)  # min after the last
+    assert factors[99] == pytest.approx(0.1 + 0.45 * (1 - math.cos(math.pi / 90)))
+    assert factors[55] == pytest.approx(0.55)  # halfway through the decay
     assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))  # never rises
 
 
@@ -165,7 +174,7 @@ def test_a_run_with_the_stage(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="2"):
         needle_report.main([str(tmp_path / "plain"), "--out", str(summary)])  # no stage: named, exit 2
     assert (tmp_path / "staged" / "checkpoint_passkey.pt").stat().st_size > 0
-    # re-evaluation (scripts/evaluate.py's) scores each evaluator on the model it measured: the LM, and the
+    # re-evaluation (posab evaluate's) scores each evaluator on the model it measured: the LM, and the
     # stage's for the needle
     reevaluate(tmp_path / "staged", [], tmp_path / "again")
     reevaluated = json.loads((tmp_path / "again" / "results.json").read_text())["eval"]

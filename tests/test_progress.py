@@ -21,7 +21,7 @@ from posab.evaluate.context import EvalContext
 from posab.evaluate.needle import NeedleConfig
 from posab.evaluate.perplexity import PerplexityConfig, window_count
 from posab.logging import NullLogger
-from posab.passkey_stage import PasskeyStage, PasskeyStageConfig
+from posab.passkey.stage import PasskeyStage, PasskeyStageConfig
 
 LENGTHS = [32, 64, 128]
 TRAIN_LEN = 64

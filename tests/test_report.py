@@ -1,4 +1,4 @@
-"""scripts/report.py over a real tiny sweep (alibi, nope × seeds 0, 1) plus one failed job."""
+"""posab report over a real tiny sweep (alibi, nope × seeds 0, 1) plus one failed job."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def report_dir(runs_dir: Path) -> Path:
     """The report over every run, written by the script as a user runs it."""
     out = runs_dir.parent / "report"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/report.py"), str(runs_dir), "--out", str(out)],
+        [sys.executable, "-m", "posab", "report", str(runs_dir), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,10 +1,10 @@
-"""The end-of-run table (`posab.summary`): the lengths and shift sizes read from the keys."""
+"""The end-of-run table (`posab.run.summary`): the lengths and shift sizes read from the keys."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from posab.summary import summary_text
+from posab.run.summary import summary_text
 
 
 def test_the_summary_reads_its_lengths_and_shift_sizes_from_the_keys() -> None:

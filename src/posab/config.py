@@ -23,8 +23,8 @@ from posab.errors import ConfigError
 from posab.evaluate import EvalConfig
 from posab.logging import LoggerConfig
 from posab.model import ModelConfig
-from posab.passkey_stage import PasskeyStageConfig
-from posab.train import TrainConfig
+from posab.passkey.stage import PasskeyStageConfig
+from posab.training.trainer import TrainConfig
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Performance benchmark: bias construction, training steps, evaluation, a peer library, FLOP/s.
 
-    python scripts/bench.py [--quick] [--out DIR] [--sections 1,2,3,4,5,6] [--repeats N] [--threads N]
+    posab bench [--quick] [--out DIR] [--sections 1,2,3,4,5,6] [--repeats N] [--threads N]
                             [--no-progress]
 
 Sections (sizes from the composed config: the default model, train.seq_len x train.batch_size, and
@@ -10,7 +10,7 @@ eval.lengths; `--quick` swaps in the tiny model, L=64, batch 2 and lengths 64, 1
    of the modules against the design note's all-pairs method (`posab.encodings.reference`), in three
    phases: build (inference mode), forward (graph recorded) and forward+backward (a fixed upstream
    gradient into the MLP weights). Ratios: all-pairs / distinct. (`bias.py`)
-2. One training step for every encoding: `posab.train.Trainer.step` itself (a sampled batch, forward,
+2. One training step for every encoding: `posab.training.Trainer.step` itself (a sampled batch, forward,
    backward, clipping, AdamW, schedule), on a synthetic token stream; ratio to nope. (`train_step.py`)
 3. One evaluation forward pass (inference mode) for every encoding at every eval length, with the
    evaluation batch rule max(1, eval.batch_tokens // L). (`eval_forward.py`)

@@ -1,4 +1,4 @@
-"""The benchmark's command line: `python scripts/bench.py [--quick] [--out DIR] [--sections 1,2,3,4,5,6]
+"""The benchmark's command line: `posab bench [--quick] [--out DIR] [--sections 1,2,3,4,5,6]
 [--repeats N] [--threads N] [--no-progress]` (see `posab.bench`)."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def positive(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scripts/bench.py", description="posab performance benchmark")
+    parser = argparse.ArgumentParser(prog="posab bench", description="posab performance benchmark")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (for the tests)")
     parser.add_argument(
         "--out", type=Path, help=f"output folder (default {output.FULL_OUT}; {output.QUICK_OUT} with --quick)"

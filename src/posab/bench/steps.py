@@ -1,4 +1,4 @@
-"""The training step the benchmark times: `posab.train.Trainer.step` itself, with the run's optimizer
+"""The training step the benchmark times: `posab.training.Trainer.step` itself, with the run's optimizer
 groups, schedule, autocast, clipping and sampler, on a synthetic stream (sections 2, 4 and 5)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from posab.data import CorpusData
 from posab.data.tokenizer import ByteTokenizer
 from posab.encodings import encoding_optimizer
 from posab.logging import NullLogger
-from posab.run import train_sampler
-from posab.train import Trainer
+from posab.run.wiring import train_sampler
+from posab.training.trainer import Trainer
 
 STREAM_WINDOWS = 64  # the synthetic training split holds this many windows of the training length
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from posab.data.bpe import TOKENIZER_FILE, BPETokenizer
 from posab.data.config import DataConfig, SyntheticConfig
 from posab.data.corpora import corpus_identity, load_documents, load_eval_documents
-from posab.data.passkey import filler_length, passkey_batch
 from posab.data.streams import (
     Batch,
     EncodedSplit,
@@ -31,6 +30,7 @@ __all__ = [
     "Batch",
     "CorpusData",
     "DataConfig",
+    "ExampleMix",
     "SyntheticConfig",
     "TokenStream",
     "TrainSampler",
@@ -125,35 +125,36 @@ def publish(
     publish_directory(folder, fill)
 
 
-class TrainSampler:
-    """Random training windows of `seq_len` tokens, reproducible from its seed.
+class ExampleMix(Protocol):
+    """Examples mixed into the training batches at a `rate` (the passkey wing's `PasskeyMix`)."""
 
-    A share `needle_rate` of the windows (binomial per batch) are passkey examples of the same length, so
-    the model learns the retrieval format that the needle evaluation asks for.
-    """
+    rate: float  # the share of windows, drawn binomially per batch
+
+    def check(self, length: int) -> None: ...  # fails clearly when a window cannot hold one
+    def batch(self, count: int, length: int, rng: np.random.Generator) -> Batch: ...  # drawn from `rng`
+
+
+class TrainSampler:
+    """Random training windows of `seq_len` tokens, reproducible from its seed; a `mix` replaces a share of
+    them (binomial per batch) with its own examples of the same length, drawn from the same generator."""
 
     def __init__(
         self,
         stream: TokenStream,
-        tokenizer: Tokenizer,
         seq_len: int,
         batch_size: int,
         seed: int,
-        needle_rate: float = 0.0,
-        key_digits: int = 5,
+        mix: ExampleMix | None = None,
         shard: tuple[int, int] = (0, 1),
     ) -> None:
         """`shard` = (rank, world size): every rank draws the same global batch and keeps its own rows."""
         stream.fixed_windows(seq_len, 1)  # fails clearly when the split cannot hold one window
-        self.stream, self.tokenizer = stream, tokenizer
-        self.seq_len, self.batch_size, self.needle_rate = seq_len, batch_size, needle_rate
-        self.key_digits = key_digits
+        self.stream, self.seq_len, self.batch_size = stream, seq_len, batch_size
+        self.mix = mix if mix is not None and mix.rate > 0 else None
         self.rank, self.world_size = shard
         self.rng = np.random.default_rng(seed)
-        if needle_rate > 0:
-            filler_length(
-                tokenizer, seq_len + 1, key_digits
-            )  # fails clearly when the window cannot hold a passkey
+        if self.mix is not None:
+            self.mix.check(seq_len)
 
     def state_dict(self) -> dict[str, Any]:
         """The random generator's state, as plain containers (resumable, `weights_only`-loadable)."""
@@ -163,12 +164,10 @@ class TrainSampler:
         self.rng.bit_generator.state = state
 
     def next_batch(self) -> Batch:
-        needles = int(self.rng.binomial(self.batch_size, self.needle_rate)) if self.needle_rate > 0 else 0
+        mixed = int(self.rng.binomial(self.batch_size, self.mix.rate)) if self.mix else 0
         high = len(self.stream) - self.seq_len - 1
-        starts = self.rng.integers(0, high + 1, size=self.batch_size - needles)
+        starts = self.rng.integers(0, high + 1, size=self.batch_size - mixed)
         batch = self.stream.batch(starts, self.seq_len)
-        if needles:
-            batch = batch.cat(
-                passkey_batch(self.stream, self.tokenizer, needles, self.seq_len, self.rng, self.key_digits)
-            )
+        if self.mix and mixed:
+            batch = batch.cat(self.mix.batch(mixed, self.seq_len, self.rng))
         return batch.rows(self.rank, self.world_size)

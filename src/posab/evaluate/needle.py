@@ -1,7 +1,7 @@
 """Passkey retrieval (needle in a haystack) over a grid of lengths and depths.
 
 Protocol: for every length L and depth d of the grid (`eval.needle.lengths`, or `eval.lengths`, times
-`eval.needle.depths`), `trials` passkey examples of L + 1 tokens (`posab.data.passkey`): filler from the
+`eval.needle.depths`), `trials` passkey examples of L + 1 tokens (`posab.passkey.examples`): filler from the
 validation split at random starts, a fresh key per trial, all drawn from
 `numpy.random.default_rng([seed, L, depth index])`, so every run and every encoding sees exactly the same
 examples (for a given tokenizer setting). The model reads L tokens, inputs = tokens[:-1], as in training
@@ -38,7 +38,13 @@ import torch
 from torch import Tensor
 
 from posab.attention import AttentionInputs
-from posab.data.passkey import (
+from posab.data.streams import Batch
+from posab.errors import ConfigError, require
+from posab.evaluate.base import Evaluator, SectionConfig
+from posab.evaluate.context import EvalContext, EvalSettings
+from posab.keys import metric_key
+from posab.outputs import Column, EvalOutput, Table
+from posab.passkey.examples import (
     PasskeyExample,
     check_stream,
     examples_batch,
@@ -47,12 +53,6 @@ from posab.data.passkey import (
     random_key,
     with_needle_key,
 )
-from posab.data.streams import Batch
-from posab.errors import ConfigError, require
-from posab.evaluate.base import Evaluator, SectionConfig
-from posab.evaluate.context import EvalContext, EvalSettings
-from posab.keys import metric_key
-from posab.outputs import Column, EvalOutput, Table
 from posab.plots import needle_heatmap
 
 

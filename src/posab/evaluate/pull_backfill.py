@@ -1,6 +1,6 @@
 """The audit's pull past the training length (`audit/bias_pull@L`) for runs made before the audit had it.
 
-    python scripts/audit_backfill.py RUN_DIR [RUN_DIR ...]
+    posab audit-backfill RUN_DIR [RUN_DIR ...]
 
 Each run directory's saved bias curve (`extrapolation_bias.npz`, written by every audited run) goes through
 the evaluator's own `pull_scalars`, at the run's `eval.lengths`; the keys the run lacks are added to its
@@ -47,7 +47,7 @@ def backfill_run(run_dir: Path) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/audit_backfill.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="posab audit-backfill", description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories with extrapolation_bias.npz")
     args = parser.parse_args(argv)
     missing = [d for d in args.run_dirs if not (d / "results.json").is_file()]

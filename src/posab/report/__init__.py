@@ -1,6 +1,6 @@
 """Results report over run directories: Markdown tables, a CSV of every run, plots and the configs.
 
-    python scripts/report.py outputs/multirun/SWEEP [DIR ...] --out results/NAME
+    posab report outputs/multirun/SWEEP [DIR ...] --out results/NAME
 
 Each DIR is a run directory, a multirun sweep directory or any folder holding run directories (found
 recursively: a folder with both `results.json` and `config.yaml`), or a report folder written before (it
@@ -32,4 +32,4 @@ from posab.report.cli import main
 from posab.report.records import ReportError
 from posab.report.rundirs import find_runs, run_names
 
-__all__ = ["ReportError", "find_runs", "main", "run_names"]  # scripts/report.py, needle_report
+__all__ = ["ReportError", "find_runs", "main", "run_names"]  # posab report, needle_report

@@ -1,7 +1,7 @@
 """The budget of a study (the reference study's part 1): the step after which the ranking of its rows by
 validation loss at the training length no longer changes.
 
-    python scripts/budget.py outputs/multirun/SWEEP [DIR ...] --out results/NAME [--minimum 600]
+    posab budget outputs/multirun/SWEEP [DIR ...] --out results/NAME [--minimum 600]
 
 Reads the runs as `scripts/report.py` does (run directories or a report's runs.csv) and their validation
 curves (`val/loss` every `train.val_every` steps on the same fixed windows for every run). At each step
@@ -125,7 +125,7 @@ def write_budget(paths: Sequence[Path], out: Path, minimum: int) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/budget.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="posab budget", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, help="run/sweep directories, or report folders")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--minimum", type=int, default=600, help="the smallest budget considered (steps)")

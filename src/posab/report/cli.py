@@ -1,4 +1,4 @@
-"""The command line: `python scripts/report.py DIR [DIR ...] --out results/NAME`."""
+"""The command line: `posab report DIR [DIR ...] --out results/NAME`."""
 
 from __future__ import annotations
 
@@ -56,9 +56,9 @@ def _field(run: RunRecord, name: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: `python scripts/report.py DIR [DIR ...] --out results/NAME`; returns the exit code."""
+    """CLI: `posab report DIR [DIR ...] --out results/NAME`; returns the exit code."""
     parser = argparse.ArgumentParser(
-        prog="scripts/report.py",
+        prog="posab report",
         description="Tables, CSV, plots and configs from run directories, sweeps or a report's runs.csv.",
     )
     parser.add_argument("paths", nargs="+", type=Path, help="run/sweep directories, or report folders")

@@ -1,7 +1,7 @@
 """Equal tuning of a study (the reference study's part 2): each encoding's learning rate and, for an
 encoding with parameters, the multiplier of its own group's learning rate, picked on the validation loss.
 
-    python scripts/tuning.py outputs/multirun/SWEEP [DIR ...] --out results/NAME
+    posab tuning outputs/multirun/SWEEP [DIR ...] --out results/NAME
 
 Reads the runs as `scripts/report.py` does. Each finished run is one point (encoding, `train.lr`,
 `encoding.lr_mult`) scored by its final validation loss (`val_loss`: `train.val_windows` fixed windows of
@@ -171,7 +171,7 @@ def write_tuning(paths: Sequence[Path], out: Path) -> tuple[Path, list[Pick]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/tuning.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="posab tuning", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, help="run/sweep directories, or report folders")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """Each window's document for report folders written before runs recorded it (`window_documents`).
 
-    python scripts/window_documents.py results/study/main [FOLDER ...] [--root DIR]
+    posab window-documents results/study/main [FOLDER ...] [--root DIR]
 
 A run's windows (`window_starts`, windows of its longest evaluation length) lie in its evaluation split
 (`eval.split`) of the token stream its data config gives. Each run's own config (the folder's
@@ -103,9 +103,9 @@ def backfill(folder: Path, root: Path) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: `python scripts/window_documents.py FOLDER [FOLDER ...] [--root DIR]`; returns the exit code."""
+    """CLI: `posab window-documents FOLDER [FOLDER ...] [--root DIR]`; returns the exit code."""
     parser = argparse.ArgumentParser(
-        prog="scripts/window_documents.py",
+        prog="posab window-documents",
         description="Add each window's document (`window_documents`) to report folders' runs.csv.",
     )
     parser.add_argument("folders", nargs="+", type=Path, help="report folders (runs.csv and configs/)")

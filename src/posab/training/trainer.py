@@ -1,13 +1,13 @@
-"""The training loop: AdamW, warmup + cosine schedule, clipping, accumulation, bf16 autocast. The loss lives
-in `posab.losses`; checkpoint entries, RNG states and the stop on SIGTERM in `posab.train_state`."""
+"""The language model's training: AdamW, warmup + cosine schedule, clipping, accumulation, bf16 autocast.
+The loop (cadence, checkpoints, pre-emption) and the schedule live in `posab.training.loop`, the loss in
+`posab.training.losses`, checkpoint entries and RNG states in `posab.training.state`."""
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -16,14 +16,16 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from posab.data import TokenStream, TrainSampler
+from posab.data.streams import Batch
 from posab.device import autocast, autocast_dtype
-from posab.distributed import any_rank, mean_across_ranks, progress_bar, sum_across_ranks, world
+from posab.distributed import any_rank, mean_across_ranks, world
 from posab.encodings import EncodingOptimizer
-from posab.errors import Preempted, TrainingError, require, require_positive
+from posab.errors import TrainingError, require, require_positive
 from posab.logging import Logger
-from posab.losses import token_losses, validation_loss
 from posab.model import DecoderLM
-from posab.train_state import StopSignal, load_optimizer_state, optimizer_state, rng_states, set_rng_states
+from posab.training.loop import Cadence, LoopState, run_steps, warmup_cosine
+from posab.training.losses import token_losses, validation_loss
+from posab.training.state import load_optimizer_state, optimizer_state, rng_states, set_rng_states
 
 PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
@@ -82,12 +84,8 @@ class TrainResult:
 
 
 def lr_multiplier(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to 1, then cosine decay to `min_lr_ratio` at the last step."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine
+    """`warmup_cosine` over the run's steps: linear warmup to 1, then cosine decay towards `min_lr_ratio`."""
+    return warmup_cosine(step, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
 
 
 def param_groups(model: nn.Module, cfg: TrainConfig, enc: EncodingOptimizer) -> list[dict[str, Any]]:
@@ -123,16 +121,21 @@ def build_optimizer(
 
 
 @dataclass
-class Progress:
+class Progress(LoopState):
     """Where training stands; saved in checkpoints so that a resumed run continues exactly."""
 
-    step: int = 0
-    train_time_s: float = 0.0
-    recent_losses: list[float] = field(default_factory=list)
     val_loss: float = float("nan")
     best_val_loss: float = float("inf")
-    needle_loss_sum: float = 0.0  # key-token loss of the passkey examples since the last log line
-    needle_tokens: int = 0
+
+
+class BatchMeter(Protocol):
+    """Something measured on the training batches between log lines (e.g. the passkey wing's loss on the
+    keys of mixed-in examples), saved in checkpoints so that a resumed run logs the same values."""
+
+    def observe(self, losses: torch.Tensor, batch: Batch) -> None: ...  # (B, T) token losses
+    def metrics(self) -> dict[str, float]: ...  # since the last call, over every rank; then reset
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class Trainer:
@@ -146,14 +149,16 @@ class Trainer:
         device: torch.device,
         checkpoint: Callable[[dict[str, Any], str], None],
         encoding_optimizer: EncodingOptimizer | None = None,
+        meter: BatchMeter | None = None,
     ) -> None:
         """`model`: a DecoderLM, or any module called as model(inputs, sentence, paragraph) -> logits (the
         benchmark times x-transformers' model through this Trainer); `sampler` draws the training batches
         (this rank's rows); `valid` is the validation split;
         `checkpoint(state, kind)` stores a state (`kind`: latest or best); `encoding_optimizer`: how the
-        encoding's parameters are trained (`encoding.lr_mult`, `encoding.weight_decay`)."""
+        encoding's parameters are trained (`encoding.lr_mult`, `encoding.weight_decay`); `meter`: logged
+        with the loss."""
         self.model, self.cfg, self.logger, self.device = model, cfg, logger, device
-        self.checkpoint = checkpoint
+        self.checkpoint, self.meter = checkpoint, meter
         self.parallel = DistributedDataParallel(model) if world().distributed else model  # gradients averaged
         if cfg.compile:
             self.parallel = torch.compile(self.parallel)
@@ -164,6 +169,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_multiplier(s, cfg))
         self.dtype = autocast_dtype(cfg.precision, device)
         self.progress = Progress()
+        self._lr = self._grad_norm = math.nan  # of the last step, for its log line
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +178,7 @@ class Trainer:
             "rng": rng_states(),
             "progress": asdict(self.progress),
             "step": self.progress.step,
+            "meter": self.meter.state_dict() if self.meter else {},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -179,6 +186,8 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         set_rng_states(state["rng"])
         self.progress = Progress(**state["progress"])
+        if self.meter:
+            self.meter.load_state_dict(state["meter"])
 
     def validate(self) -> float:
         return validation_loss(
@@ -202,9 +211,8 @@ class Trainer:
                 loss = losses.mean() / self.cfg.grad_accum
             loss.backward()
             total += float(loss.detach())
-            if batch.key_mask is not None:
-                self.progress.needle_loss_sum += float(losses.detach()[batch.key_mask].sum())
-                self.progress.needle_tokens += int(batch.key_mask.sum())
+            if self.meter:
+                self.meter.observe(losses.detach(), batch)
         total = mean_across_ranks(total)  # the global batch's loss; every rank sees the same value
         if not math.isfinite(total):
             saved = self.last_saved_step()
@@ -229,63 +237,52 @@ class Trainer:
             return TrainResult(math.nan, progress.val_loss, 0.0, 0, 0, 0.0)
         self.model.train()
         tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len
-        steps = range(progress.step, cfg.steps)
-        bar = progress_bar(steps, "train", cfg.progress, initial=progress.step, total=cfg.steps)
-        with StopSignal() as stop:
-            for _ in bar:
-                lr = self.scheduler.get_last_lr()[0]
-                started = time.perf_counter()
-                loss, grad_norm = self.step()
-                elapsed = time.perf_counter() - started
-                progress.step += 1
-                progress.train_time_s += elapsed
-                progress.recent_losses = (progress.recent_losses + [loss])[-cfg.log_every :]
-                self._log_step(lr, grad_norm, tokens_per_step / elapsed, bar)
-                self._after_step(stop)
+        cadence = Cadence(cfg.steps, cfg.log_every, cfg.checkpoint_every, "train", cfg.progress)
+        run_steps(
+            progress,
+            cadence,
+            self._step_logging_lr,
+            lambda seconds, bar: self._after_step(tokens_per_step / seconds, bar),
+            lambda: self.checkpoint(self.state_dict(), "latest"),
+            any_rank,
+        )
         return TrainResult(
             train_loss=float(np.mean(progress.recent_losses)),
             val_loss=progress.val_loss,
-            tokens_per_s=cfg.steps * tokens_per_step / progress.train_time_s,
+            tokens_per_s=cfg.steps * tokens_per_step / progress.time_s,
             steps=cfg.steps,
             tokens=cfg.steps * tokens_per_step,
-            train_time_s=progress.train_time_s,
+            train_time_s=progress.time_s,
         )
 
-    def _log_step(self, lr: float, grad_norm: float, tokens_per_s: float, bar: tqdm) -> None:
-        done = self.progress.step
-        if done % self.cfg.log_every and done != self.cfg.steps:
-            return
-        loss = float(np.mean(self.progress.recent_losses))
-        metrics = {
-            "train/loss": loss,
-            "train/lr": lr,
-            "train/grad_norm": grad_norm,
-            "train/tokens_per_s": tokens_per_s,
-        }
-        progress = self.progress
-        needle_sum, needle_tokens = sum_across_ranks(progress.needle_loss_sum, progress.needle_tokens)
-        if needle_tokens:  # key-token loss of the interval's passkey examples (none: not logged)
-            metrics["train/needle_loss"] = needle_sum / needle_tokens
-        progress.needle_loss_sum, progress.needle_tokens = 0.0, 0
-        self.logger.log(metrics, done)
-        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}")
+    def _step_logging_lr(self) -> float:
+        """`step`, remembering the learning rate it ran at and its gradient norm for the log line."""
+        self._lr = self.scheduler.get_last_lr()[0]
+        loss, self._grad_norm = self.step()
+        return loss
 
-    def _after_step(self, stop: StopSignal) -> None:
-        """Validation, checkpoints, and a clean stop on SIGTERM / SIGINT."""
+    def _after_step(self, tokens_per_s: float, bar: tqdm) -> None:
+        """The log line, then validation (and the best checkpoint) at their cadence."""
         progress, cfg = self.progress, self.cfg
         done, last = progress.step, progress.step == cfg.steps
-        improved = False
+        if done % cfg.log_every == 0 or last:
+            self._log_step(tokens_per_s, bar)
         if done % cfg.val_every == 0 or last:
             progress.val_loss = self.validate()
             improved = progress.val_loss < progress.best_val_loss
             progress.best_val_loss = min(progress.best_val_loss, progress.val_loss)
             self.logger.log({"val/loss": progress.val_loss}, done)
-        stopping = any_rank(stop.received is not None)  # all ranks stop at the same step
-        if done % cfg.checkpoint_every == 0 or last or stopping:
-            self.checkpoint(self.state_dict(), "latest")
-        if improved and cfg.keep_best:
-            self.checkpoint(self.state_dict(), "best")
-        if stopping and not last:
-            raise Preempted(
-                f"signal {stop.received} at step {done}: checkpoint saved; rerun the same command to resume"
-            )
+            if improved and cfg.keep_best:
+                self.checkpoint(self.state_dict(), "best")
+
+    def _log_step(self, tokens_per_s: float, bar: tqdm) -> None:
+        loss = float(np.mean(self.progress.recent_losses))
+        metrics = {
+            "train/loss": loss,
+            "train/lr": self._lr,
+            "train/grad_norm": self._grad_norm,
+            "train/tokens_per_s": tokens_per_s,
+            **(self.meter.metrics() if self.meter else {}),
+        }
+        self.logger.log(metrics, self.progress.step)
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}")

@@ -1,4 +1,4 @@
-"""The short table a run (and `scripts/evaluate.py`) ends with: the numbers the run exists for.
+"""The short table a run (and `posab evaluate`) ends with: the numbers the run exists for.
 
 Perplexity, tail and capped perplexity and needle accuracy and gain at each evaluation length; the shift
 figures at each k; wall time, the run directory and the next commands. It reads results.json's scalars
@@ -75,7 +75,7 @@ def shift_table(scalars: Mapping[str, Any]) -> list[str]:
 
 
 def next_commands(run_dir: Path) -> list[str]:
-    commands = [f"python scripts/report.py {run_dir} --out results/NAME   # tables and plots"]
+    commands = [f"posab report {run_dir} --out results/NAME   # tables and plots"]
     commands += [f"wandb sync {path}" for path in sorted(run_dir.glob("wandb/offline-run-*"))]
     return commands
 

@@ -1,9 +1,9 @@
 """Retrieval summary of runs with a passkey stage: the needle by length beside the same runs' perplexity,
 and the stage's key-loss and probe curves; one row per encoding and swept values, mean ± std over seeds.
 
-    python scripts/needle_report.py outputs/multirun/SWEEP [DIR ...] --out results/needle_pilot
+    posab needle-report outputs/multirun/SWEEP [DIR ...] --out results/needle_pilot
 
-Each DIR is a run directory, a sweep, or a report folder written by `scripts/report.py` (its runs.csv holds
+Each DIR is a run directory, a sweep, or a report folder written by `posab report` (its runs.csv holds
 the stage's scalars and curves), so needle.md renders again from committed results and from the sweeps of
 several sessions together. Rows are the report's (`posab.report.grouping`); RoPE's scaling views and rows
 without a passkey stage (named on stderr) are left out.
@@ -293,7 +293,7 @@ def plot_stage_curves(rows: Mapping[str, Row], path: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="posab needle-report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("paths", nargs="+", type=Path, help="run directories, sweeps or report folders")
     parser.add_argument("--out", type=Path, required=True, help="folder for needle.md and the plots")

@@ -1,5 +1,7 @@
-"""A run directory used again: a finished run is kept or refused, an unfinished one continues from its
-checkpoint after a compatibility check, and a model is loaded from another run's checkpoint."""
+"""The run directory: its checkpoints (plain containers, no OmegaConf objects, loadable with
+`torch.load(weights_only=True)`, written atomically), and the directory used again: a finished run is kept
+or refused, an unfinished one continues from its checkpoint after a compatibility check, and a model is
+loaded from another run's checkpoint."""
 
 from __future__ import annotations
 
@@ -8,12 +10,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posab.checkpoint import load_checkpoint
 from posab.config import Config, config_container
 from posab.errors import ConfigError
-from posab.io import write_text
+from posab.io import atomic_write, write_text
 from posab.model import DecoderLM
 from posab.results import flatten
 from posab.wandb_logger import RUN_ID_FILE
@@ -34,6 +36,22 @@ RESUME_KEYS = (
     "train.batch_size",
     "train.grad_accum",
 )
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write to a temporary file beside `path`, then rename it: a crash never leaves half a checkpoint."""
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint; a missing, truncated or corrupted file is reported by name."""
+    if not path.is_file():
+        raise ConfigError(f"checkpoint '{path}' does not exist")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for damaged files
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"checkpoint '{path}' cannot be read (truncated or corrupted?): {reason}") from None
 
 
 def previous_wandb_id(run_dir: Path) -> str | None:

@@ -1,14 +1,12 @@
-"""The entry points that wire things together: `main` (config -> data -> model -> training -> evaluation ->
-results) and `reevaluate` (a finished run's checkpoint -> evaluation). A run directory used again is handled
-by `posab.resume`; the evaluations, the passkey stage between them and their files by `posab.run_eval`."""
+"""The wiring: `main` (config -> data -> model -> training -> evaluation -> results) and `reevaluate` (a
+finished run's checkpoint -> evaluation). The run directory (checkpoints, resume) is `posab.run.directory`'s;
+the evaluations, the passkey stage between them and their files are `posab.run.evaluations`'."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,26 +17,25 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from posab.build import build_model, encoding_name
-from posab.checkpoint import save_checkpoint
 from posab.config import Config, config_container, load_config
 from posab.data import CorpusData, TrainSampler, prepare_data
-from posab.device import autocast_dtype, resolve_device
+from posab.device import resolve_device
 from posab.distributed import World, barrier, world
 from posab.encodings import encoding_optimizer
-from posab.encodings.multiscale import clamp_distance
 from posab.errors import ConfigError, Preempted
 from posab.io import write_json
 from posab.logging import JsonlLogger, Logger, MultiLogger, NullLogger
+from posab.passkey.mix import KeyLossMeter, PasskeyMix
 from posab.provenance import code_provenance, cpu_capability, cpu_model, package_versions, start_provenance
-from posab.resume import (
+from posab.run.directory import (
     CHECKPOINTS,
     keep_finished_run,
     load_initial_model,
-    load_model_state,
     previous_wandb_id,
     resume_state,
+    save_checkpoint,
 )
-from posab.run_eval import (
+from posab.run.evaluations import (
     check_eval_lengths,
     check_stage_lengths,
     corpus_streams,
@@ -47,8 +44,8 @@ from posab.run_eval import (
     evaluate,
     evaluate_around_stage,
 )
-from posab.summary import summary_text
-from posab.train import Trainer
+from posab.run.summary import summary_text
+from posab.training import Trainer
 from posab.wandb_logger import WandbLogger
 
 # The code this process runs: read once, when the code is imported. A Hydra multirun imports posab once and
@@ -221,7 +218,8 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
 
     sampler, valid = train_sampler(cfg, data), data.streams["valid"]
     optim = encoding_optimizer(cfg.encoding)  # encoding.lr_mult, encoding.weight_decay
-    trainer = Trainer(model, sampler, valid, cfg.train, logger, device, checkpoint, optim)
+    meter = KeyLossMeter() if sampler.mix else None  # train/needle_loss: the mixed-in passkeys' key loss
+    trainer = Trainer(model, sampler, valid, cfg.train, logger, device, checkpoint, optim, meter)
     if resume is not None:
         trainer.load_state_dict(resume)
     elif cfg.train.init_from is not None:
@@ -251,93 +249,6 @@ def train_sampler(cfg: Config, data: CorpusData) -> TrainSampler:
     """Training windows, a share `data.needle_rate` of them passkey examples in the needle evaluation's
     format (`eval.needle.key_digits`); this rank's rows of every global batch."""
     w = world()
-    return TrainSampler(
-        data.streams["train"],
-        data.tokenizer,
-        cfg.train.seq_len,
-        cfg.train.batch_size,
-        cfg.seed,
-        cfg.data.needle_rate,
-        cfg.eval.needle.key_digits,
-        shard=(w.rank, w.size),
-    )
-
-
-REEVAL_PREFIXES = (
-    "eval.",
-    "train.device=",
-    "train.precision=",
-    "data.cache_dir=",
-    "data.path=",
-    "encoding.clamp=",
-)
-
-
-def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path, as_run: bool = False) -> dict[str, Any]:
-    """Evaluate a finished run's checkpoint again, with other evaluation settings, without retraining;
-    the results, metrics and evaluators' files go into `out_dir`. `as_run`: make `out_dir` a run directory
-    of the changed configuration (`write_as_run`), which the report reads like any other."""
-    bad = [o for o in overrides if not o.startswith(REEVAL_PREFIXES)]
-    if bad:
-        raise ConfigError(f"cannot change {bad} when re-evaluating; allowed: {', '.join(REEVAL_PREFIXES)}")
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"run_dir='{run_dir}' holds no config.yaml (is it a run directory?)")
-    if as_run and out_dir.resolve().is_relative_to(run_dir.resolve()):
-        raise ConfigError(
-            f"--out {out_dir} lies inside {run_dir}: a re-evaluation as a run needs its own folder"
-        )
-    saved = OmegaConf.load(run_dir / "config.yaml")
-    merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
-    cfg = load_config(merged)  # type: ignore[arg-type]
-    staged = (run_dir / CHECKPOINTS["passkey"]).is_file()  # the needle measured the stage's model
-    check_clamp_unchanged_in_training(saved, cfg, staged)
-    device = resolve_device(cfg.train.device)
-    data = prepare_data(cfg.data)
-    check_eval_lengths(cfg, eval_split(cfg, data))
-    model = build_model(cfg, data.vocab_size).to(device)
-    ctx = eval_context(cfg, model, data, device, autocast_dtype(cfg.train.precision, device))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if as_run:
-        shutil.copyfile(run_dir / "metrics.jsonl", out_dir / "metrics.jsonl")  # the training curve
-    logger = JsonlLogger(out_dir / "metrics.jsonl")
-    results: dict[str, Any] = {}
-    for after_stage, kind in ((False, "latest"), (True, "passkey")) if staged else ((None, "latest"),):
-        load_model_state(cfg, model, run_dir / CHECKPOINTS[kind], checked_elsewhere=("encoding.clamp",))
-        results.update(evaluate(ctx, out_dir, logger, step=0, after_stage=after_stage))
-    logger.finish("finished")
-    if as_run:
-        write_as_run(run_dir, merged, overrides, results, out_dir)
-    else:
-        write_json(out_dir / "results.json", {"overrides": overrides, "eval": results})
-    return results
-
-
-def check_clamp_unchanged_in_training(saved: DictConfig, cfg: Config, staged: bool) -> None:
-    """`encoding.clamp` may change on re-evaluation only between values that never act in training: none,
-    or a reach of at least the longest training distance (train.seq_len - 1), where the clamped and the
-    unclamped bias train the same weights. A passkey stage trains longer windows: no change then."""
-    before, after = OmegaConf.select(saved, "encoding.clamp"), cfg.encoding.get("clamp")
-    if before == after:
-        return
-    longest = cfg.train.seq_len - 1
-    reaches = [clamp_distance(value, cfg.train.seq_len, encoding_name(cfg)) for value in (before, after)]
-    if staged or any(reach is not None and reach < longest for reach in reaches):
-        raise ConfigError(
-            f"encoding.clamp {before!r} -> {after!r} would have changed training (it acts below the longest "
-            f"training distance {longest}{', or in the passkey stage' if staged else ''}); allowed when "
-            f"both are null, 'train' or >= {longest} and the run has no passkey stage"
-        )
-
-
-def write_as_run(
-    run_dir: Path, config: DictConfig, overrides: list[str], results: dict[str, Any], out_dir: Path
-) -> None:
-    """`out_dir` as a run directory: the configuration with `overrides`, the run's own record (training,
-    provenance) with the new `eval`, and `reevaluated` naming the run, the overrides and this code."""
-    record = json.loads((run_dir / "results.json").read_text())
-    record["overrides"] = ",".join(o for o in [record.get("overrides", ""), *overrides] if o)
-    record["eval"] = results
-    record["reevaluated"] = {"from": run_dir.name, "overrides": overrides, **CODE}
-    record.pop("backfilled", None)  # every evaluator ran again
-    OmegaConf.save(config, out_dir / "config.yaml")
-    write_json(out_dir / "results.json", record)
+    train = data.streams["train"]
+    mix = PasskeyMix(train, data.tokenizer, cfg.data.needle_rate, cfg.eval.needle.key_digits)
+    return TrainSampler(train, cfg.train.seq_len, cfg.train.batch_size, cfg.seed, mix, shard=(w.rank, w.size))

@@ -12,19 +12,18 @@ import numpy as np
 import torch
 
 from posab.build import encoding_name
-from posab.checkpoint import load_checkpoint, save_checkpoint
 from posab.config import Config, config_container
 from posab.data import CorpusData, TokenStream, eval_corpus_stream
-from posab.data.passkey import filler_length
 from posab.errors import ConfigError
 from posab.evaluate import EvalContext, enabled_evaluators, run_evaluations
 from posab.io import atomic_write, write_text
 from posab.logging import Logger
 from posab.model import DecoderLM
 from posab.outputs import EvalOutput, Table
-from posab.passkey_stage import PasskeyStage
+from posab.passkey.examples import filler_length
+from posab.passkey.stage import PasskeyStage
 from posab.plots import save_figure
-from posab.resume import CHECKPOINTS
+from posab.run.directory import CHECKPOINTS, load_checkpoint, save_checkpoint
 
 
 def eval_split(cfg: Config, data: CorpusData) -> TokenStream:

@@ -8,11 +8,13 @@ unseen.
 
 Protocol: `passkey.lengths` (input lengths, increasing, each at most `train.seq_len`) with
 `passkey.steps[i]` steps at `lengths[i]`; each step draws max(1, batch_tokens // L) examples of L inputs
-from the training split at uniformly random depths, with fresh keys (`posab.data.passkey`, the needle
+from the training split at uniformly random depths, with fresh keys (`posab.passkey.examples`, the needle
 evaluation's format and key length), from a generator seeded by the run's seed. The loss is the mean
 cross-entropy over the key digits only (every other position carries no gradient). AdamW on every
 parameter at `lr` after `warmup_steps` of linear warmup, then constant (`schedule: constant`) or cosine
-decay to `min_lr_ratio * lr` at the last step (`schedule: cosine`), clipping at `grad_clip`.
+decay towards `min_lr_ratio * lr` (`schedule: cosine`; the language model's schedule,
+`posab.training.loop.warmup_cosine`), clipping at `grad_clip`. The loop (cadence, checkpoints,
+pre-emption) is the language model's too (`posab.training.loop.run_steps`).
 `train/needle_loss` is logged every `log_every` steps against the global step (language-model steps +
 stage steps). Every `probe_every` steps (and at the end) a fixed set of `probe_examples` passkey examples
 at the curriculum's last length (drawn once, fresh keys, their own generator) is scored greedily and
@@ -26,7 +28,6 @@ over the stage's steps shows the current length and key loss (rank 0 only).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -36,16 +37,16 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from posab.data import Batch, TokenStream
-from posab.data.passkey import passkey_batch
+from posab.data.streams import Batch, TokenStream
 from posab.data.tokenizer import Tokenizer
 from posab.device import autocast
-from posab.distributed import progress_bar
-from posab.errors import Preempted, require
+from posab.errors import require
 from posab.logging import Logger
-from posab.losses import token_losses
 from posab.model import DecoderLM
-from posab.train_state import StopSignal, load_optimizer_state, optimizer_state
+from posab.passkey.examples import passkey_batch
+from posab.training.loop import Cadence, LoopState, run_steps, warmup_cosine
+from posab.training.losses import token_losses
+from posab.training.state import load_optimizer_state, optimizer_state
 
 
 @dataclass
@@ -108,13 +109,8 @@ class PasskeyStageConfig:
 
     def lr_factor(self, step: int) -> float:
         """The learning rate of stage step `step` (0-based) as a fraction of `lr`."""
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        if self.schedule == "constant":
-            return 1.0
-        progress = (step - self.warmup_steps) / max(1, self.total_steps - 1 - self.warmup_steps)
-        cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        return self.min_lr_ratio + (1 - self.min_lr_ratio) * cosine
+        floor = 1.0 if self.schedule == "constant" else self.min_lr_ratio
+        return warmup_cosine(step, self.warmup_steps, self.total_steps, floor)
 
 
 SCHEDULES = {"constant", "cosine"}
@@ -139,12 +135,9 @@ def key_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 
 @dataclass
-class StageProgress:
+class StageProgress(LoopState):
     """Where the stage stands; saved in its checkpoint."""
 
-    step: int = 0
-    time_s: float = 0.0
-    recent_losses: list[float] = field(default_factory=list)
     probes: list[list[float]] = field(default_factory=list)  # [stage step, key accuracy]
 
 
@@ -210,16 +203,8 @@ class PasskeyStage:
         """Run the remaining steps; returns the stage's summary for results.json."""
         cfg, progress = self.cfg, self.progress
         self.model.train()
-        steps = range(progress.step, cfg.total_steps)
-        bar = progress_bar(steps, "passkey", cfg.progress, initial=progress.step, total=cfg.total_steps)
-        with StopSignal() as stop:
-            for _ in bar:
-                started = time.perf_counter()
-                loss = self.step()
-                progress.time_s += time.perf_counter() - started
-                progress.step += 1
-                progress.recent_losses = (progress.recent_losses + [loss])[-cfg.log_every :]
-                self._after_step(stop, bar)
+        cadence = Cadence(cfg.total_steps, cfg.log_every, cfg.checkpoint_every, "passkey", cfg.progress)
+        run_steps(progress, cadence, self.step, self._after_step, lambda: self.checkpoint(self.state_dict()))
         self.model.eval()
         return {
             "steps": cfg.total_steps,
@@ -239,7 +224,8 @@ class PasskeyStage:
         self.progress.probes.append([self.progress.step, accuracy])
         return accuracy
 
-    def _after_step(self, stop: StopSignal, bar: tqdm) -> None:
+    def _after_step(self, seconds: float, bar: tqdm) -> None:
+        """The log line (key loss, length) and the probe at their cadence."""
         progress, cfg = self.progress, self.cfg
         done, last = progress.step, progress.step == cfg.total_steps
         metrics: dict[str, float] = {}
@@ -251,11 +237,3 @@ class PasskeyStage:
             metrics["passkey/acc"] = self._probe()
         if metrics:
             self.logger.log(metrics, self.first_step + done)
-        stopping = stop.received is not None
-        if done % cfg.checkpoint_every == 0 or last or stopping:
-            self.checkpoint(self.state_dict())
-        if stopping and not last:
-            raise Preempted(
-                f"signal {stop.received} at passkey stage step {done}: checkpoint saved; rerun the same "
-                "command to resume"
-            )

@@ -1,0 +1,41 @@
+"""`posab COMMAND ...`: the tools around training, one command (`[project.scripts]`, or `python -m posab`).
+Training itself is `python train.py` (Hydra). Each command's module parses its own arguments
+(`posab COMMAND --help`); the module is imported only when its command runs, so `posab report` needs no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# command -> (module with `main(argv) -> int`, what it does)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "evaluate": ("posab.run.reevaluation", "re-evaluate a finished run without retraining"),
+    "report": ("posab.report.cli", "tables, statistics and plots over runs, sweeps or a runs.csv"),
+    "needle-report": ("posab.report.needle", "retrieval by length and stage curves of passkey-stage runs"),
+    "tuning": ("posab.report.tuning", "the learning-rate pilot's picks"),
+    "budget": ("posab.report.budget", "the training budget's validation curves"),
+    "window-documents": ("posab.report.window_documents", "add each window's document to runs.csv"),
+    "audit-backfill": ("posab.evaluate.pull_backfill", "the audit's bias pull from saved bias curves"),
+    "bench": ("posab.bench.cli", "the performance benchmark"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    return "usage: posab COMMAND [ARGS ...]   (posab COMMAND --help)\n\ncommands:\n" + "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"error: posab has no command {name!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    command = importlib.import_module(COMMANDS[name][0])
+    return int(command.main(rest) or 0)
