@@ -143,9 +143,8 @@ def test_a_clamp_is_evaluated_on_a_trained_run_as_a_run_of_its_own(tmp_path: Pat
     """The clamp at L_train - 1 never acts in training, so `reevaluate(..., as_run=True)` turns a run into
     the clamp arm's run: its own record, the clamp in its config, the same numbers at L_train, a bias held
     at b(L_train - 1) past it; a clamp that would have acted in training is refused, nothing written."""
-    trained = run_main(
-        ["+experiment=tiny", f"encoding={encoding}", "eval.needle.enabled=false"], tmp_path / "run"
-    )
+    unclamped = ["encoding.clamp=null", "eval.needle.enabled=false"]  # multiscale's default clamps
+    trained = run_main(["+experiment=tiny", f"encoding={encoding}", *unclamped], tmp_path / "run")
     out = tmp_path / "clamped"
     reevaluate(tmp_path / "run", ["encoding.clamp=train"], out, as_run=True)
     record = json.loads((out / "results.json").read_text())

@@ -283,23 +283,25 @@ def yaml_node(encoding: str, **options: Any) -> dict[str, Any]:
     return {**node, **options}
 
 
-def test_a_run_made_before_an_option_existed_gets_its_default(tmp_path: Path) -> None:
-    """A multiscale run from before `clamp` ran without one: it shares the row of today's default runs,
-    and a clamped run has a row of its own; an old rope run shares its row with a new one."""
+def test_a_run_made_before_an_option_existed_gets_what_it_ran(tmp_path: Path) -> None:
+    """A multiscale run from before `clamp` ran without one (`clamp: null`, not today's default `train`):
+    it shares the row of the unclamped runs, today's default runs share the clamped row; an old rope run
+    (its options unchanged since) shares its row with a new one."""
     old = {k: v for k, v in yaml_node("multiscale").items() if k != "clamp"}
     old_run = run_with_encoding(tmp_path, "multiscale-old", old)
     new_run = run_with_encoding(tmp_path, "multiscale-new", yaml_node("multiscale"))
-    clamped = run_with_encoding(tmp_path, "multiscale-clamped", yaml_node("multiscale", clamp="train"))
-    assert old_run.config["encoding.clamp"] == new_run.config["encoding.clamp"] == "null"
+    unclamped = run_with_encoding(tmp_path, "multiscale-unclamped", yaml_node("multiscale", clamp=None))
+    assert old_run.config["encoding.clamp"] == unclamped.config["encoding.clamp"] == "null"
+    assert new_run.config["encoding.clamp"] == "train"
     old_rope = run_with_encoding(tmp_path, "rope-old", {"name": "rope", "base": 10000.0})
     new_rope = run_with_encoding(tmp_path, "rope-new", yaml_node("rope"))
     rows = {
         row.label: sorted(r.name for r in row.runs)
-        for row in group_rows([old_run, new_run, clamped, old_rope, new_rope])["s"]
+        for row in group_rows([old_run, new_run, unclamped, old_rope, new_rope])["s"]
     }
     assert rows == {
-        "multiscale, encoding.clamp=null": ["multiscale-new", "multiscale-old"],
-        "multiscale, encoding.clamp=train": ["multiscale-clamped"],
+        "multiscale, encoding.clamp=null": ["multiscale-old", "multiscale-unclamped"],
+        "multiscale, encoding.clamp=train": ["multiscale-new"],
         "rope": ["rope-new", "rope-old"],
     }
 

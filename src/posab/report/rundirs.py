@@ -234,14 +234,20 @@ def read_windows(
         return windows, [int(s) for s in arrays[starts_key].tolist()], [int(d) for d in documents]
 
 
+# Options added after runs were made, whose default then changed: the value a run that lacks the key ran
+# (the multi-scale bias had no clamp before issue 28; its default became `train` in issue 28, part 8).
+BEFORE_THE_OPTION = {"multiscale": {"encoding.clamp": "null"}}
+
+
 @cache
 def encoding_defaults(encoding: str) -> dict[str, str]:
     """The options of `conf/encoding/<encoding>.yaml` as `encoding.*` keys, as a run that lacks one of
-    them ran it (a run made before the option existed ran its default); empty where there is no such
-    file. The committed studies ran under today's defaults; the runs made before a default changed were
-    retired with `results/defaults/` (results/study/README.md)."""
+    them ran it: the option's default (a run made before the option existed ran what the default still
+    does), or `BEFORE_THE_OPTION`'s value where the default changed since; empty where there is no such
+    file. The committed studies' configs name every option whose default changed."""
     options = encoding_options(encoding) if encoding else {}
-    return yaml_values({"encoding": options}) if options else {}
+    defaults = yaml_values({"encoding": options}) if options else {}
+    return defaults | BEFORE_THE_OPTION.get(encoding, {}) if defaults else {}
 
 
 def _encoding_from(config: dict[str, str], overrides: str) -> str:
