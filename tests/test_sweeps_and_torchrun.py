@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -137,10 +138,11 @@ def test_launchers_compose(launcher: str, target: str) -> None:
         assert cfg.hydra.launcher.n_jobs == 2
 
 
-def preset_grids(name: str) -> list[dict[str, str]]:
+def preset_grids(name: str) -> list[dict[str, Any]]:
+    """The preset's `hydra.sweeper.grids`, values as the sweeper receives them (YAML null as None)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"+experiment={name}"], return_hydra_config=True)
-    return [{key: str(value) for key, value in grid.items()} for grid in cfg.hydra.sweeper.grids]
+    return [dict(grid.items()) for grid in cfg.hydra.sweeper.grids]
 
 
 def test_the_pg_books_study_covers_every_encoding_x_3_seeds_and_its_ablations() -> None:
@@ -197,7 +199,7 @@ def test_a_command_line_value_of_a_key_a_grid_sets_selects_among_its_values() ->
     command_line = parser.parse_overrides(["encoding=t5,fire", "seed=0", "train.steps=5"])
     jobs = [dict(o.split("=", 1) for o in job) for job in expand_grids(grids, command_line, parser)]
     assert [job["encoding"] for job in jobs] == ["t5", "fire"]
-    own = {grid["encoding"]: grid["train.lr"] for grid in grids}
+    own = {grid["encoding"]: str(grid["train.lr"]) for grid in grids}
     assert all(job["train.lr"] == own[job["encoding"]] and job["seed"] == "0" for job in jobs)
     assert all(job["train.steps"] == "5" for job in jobs)
     same_lr = expand_grids(grids, parser.parse_overrides(["train.lr=3e-3", "seed=2"]), parser)  # == 0.003
@@ -309,9 +311,12 @@ def test_the_extrapolation_ablation_varies_one_option_of_the_main_grids_multisca
         picks = main_grid_jobs()["hierarchical"]
         assert job["encoding.clamp"] == "train" and job["train.lr"] == picks["train.lr"]
         assert job["encoding.lr_mult"] == picks["encoding.lr_mult"]
-    main = main_grid_jobs()["multiscale"]
-    shared = {"encoding", "seed", "train.lr", "encoding.lr_mult"}
-    arms = sorted({tuple(sorted((k, v) for k, v in j.items() if k not in shared)) for j in jobs})
+    main = main_grid_jobs()["multiscale"]  # the note's form: clamp null (the default clamps since part 8)
+    assert main["encoding.clamp"] == "null"
+    kept = {k: v for k, v in main.items() if k not in ("seed", "passkey.enabled", "eval.needle.enabled")}
+    arms = sorted(
+        {tuple(sorted((k, v) for k, v in j.items() if k != "seed" and kept.get(k) != v)) for j in jobs}
+    )
     assert arms == [
         (("encoding.clamp", "train"),),
         (("encoding.input", "fire"),),
@@ -320,8 +325,9 @@ def test_the_extrapolation_ablation_varies_one_option_of_the_main_grids_multisca
         (("train.precision", "fp32"),),
     ]
     assert sorted(j["seed"] for j in jobs) == sorted([str(s) for s in range(5)] * len(arms))
-    for job in jobs:
-        assert {k: job[k] for k in shared} == {**{k: main[k] for k in shared}, "seed": job["seed"]}
+    for job in jobs:  # the main grid's job with one option changed, the language model only
+        changed = {k for k in job if k != "seed" and kept.get(k) != job[k]}
+        assert len(changed) == 1 and all(job.get(k) == v for k, v in kept.items() if k not in changed), job
     cfg = typed_config(["+experiment=study_extrapolation", *(f"{k}={v}" for k, v in jobs[-1].items())])
     assert (cfg.logger.group, cfg.train.steps, cfg.eval.split, cfg.eval.extrapolation.enabled) == (
         "study_main",

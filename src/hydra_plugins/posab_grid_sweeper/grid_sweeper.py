@@ -33,6 +33,11 @@ class GridSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="grids", node=GridSweeperConf, provider="posab")
 
 
+def _override_value(value: Any) -> str:
+    """A grid's YAML value as an override writes it: null for None (Python's `None` would be the string)."""
+    return "null" if value is None else str(value)
+
+
 def _values(override: Override) -> list[Any]:
     """The values an override sets: each value of a sweep, or its one value."""
     return list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
@@ -74,7 +79,7 @@ def expand_grids(
     jobs: list[list[str]] = []
     seen: set[tuple[str, ...]] = set()
     for grid in grids:
-        params = parser.parse_overrides([f"{key}={value}" for key, value in grid.items()])
+        params = parser.parse_overrides([f"{key}={_override_value(value)}" for key, value in grid.items()])
         keys = {param.key_or_group for param in params}
         selected = _select(params, [a for a in arguments if a.key_or_group in keys], parser)
         if selected is None:
