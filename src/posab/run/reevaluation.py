@@ -32,13 +32,10 @@ from posab.encodings.multiscale import clamp_distance
 from posab.errors import ConfigError
 from posab.io import write_json
 from posab.logging import JsonlLogger
-from posab.provenance import code_provenance
 from posab.run.directory import CHECKPOINTS, load_model_state
 from posab.run.evaluations import check_eval_lengths, eval_context, eval_split, evaluate
 from posab.run.summary import summary_text
-
-CODE = code_provenance()  # the code that re-evaluates (`reevaluated` in a re-evaluation as a run)
-
+from posab.run.wiring import CODE  # the code this process runs, read once
 
 REEVAL_PREFIXES = (
     "eval.",
