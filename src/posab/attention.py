@@ -262,8 +262,8 @@ class PairMLP(Protocol):
     slope: float  # the LeakyReLU's negative slope
 
 
-MIX_CHUNK = 32  # queries per chunk of `mixed_attention`: measured fastest on 2 CPU cores at L=512, B=16
-# (one layer forward and backward: 64: 1.49 s, 32: 0.74 s, 16: 0.80 s, 8: 0.83 s; the benchmark has the model)
+MIX_CHUNK = 16  # queries per chunk of `mixed_attention`: measured fastest on 2 CPU cores at L=512, B=16
+# (one layer forward and backward, f channels first: 16: 0.83 s, 32: 0.97 s; f channels last at 32: 1.40 s)
 
 
 def compute_dtype(q: Tensor) -> torch.dtype:
@@ -276,13 +276,21 @@ def future_keys(start: int, end: int, device: torch.device) -> Tensor:
     return torch.arange(end, device=device)[None, :] > torch.arange(start, end, device=device)[:, None]
 
 
+def batched(weight: Tensor, batch: int) -> Tensor:
+    """A (m, n) weight as a (batch, m, n) view for `bmm` (`matmul` of 2-D by 3-D would copy the 3-D one)."""
+    return weight.expand(batch, -1, -1)
+
+
 @dataclass
 class MixedChunk:
     """One query chunk of DAPE's scores, with what the backward pass differentiates through. f runs
-    channels last, as two GEMMs over the c * n pairs (the reference code's layout)."""
+    channels first over the c * n pairs of the chunk: its first layer is W1_A A + (W1_B B + b1), the
+    bias's half once for the whole batch when the bias is shared, and its second layer lands in the
+    scores' layout."""
 
-    pairs: Tensor  # (B, c, n, 2H) [A; B]: the logits q k^T / sqrt(D), then the bias (0 at future keys)
-    activation: Tensor  # (B, c, n, W) g(W1 [A; B] + b1), g the LeakyReLU
+    logits: Tensor  # (B, H, c * n) A = q k^T / sqrt(D)
+    bias: Tensor  # (1|B, H, c * n) B, 0 at future keys (the reference's tril)
+    activation: Tensor  # (B, W, c * n) g(W1 [A; B] + b1), g the LeakyReLU
     scores: Tensor  # (B, H, c, n) A + B + f([A; B]), -inf at future keys
     future: Tensor  # (c, n) bool, key after query
 
@@ -292,21 +300,24 @@ def mixed_chunk(
 ) -> MixedChunk:
     """DAPE's scores of queries start:end over keys 0:end. The bias is the mask with its causal part set to
     0 (the reference's tril), the causal mask is applied after f."""
-    dtype, heads = compute_dtype(q), q.shape[1]
+    dtype, (batch, heads), pairs = compute_dtype(q), q.shape[:2], (end - start) * end
     logits = torch.matmul(q[:, :, start:end], k[:, :, :end].transpose(-1, -2)).to(dtype)  # (B, H, c, n)
-    logits = logits / math.sqrt(q.shape[-1])
+    logits = logits.div_(math.sqrt(q.shape[-1])).view(batch, heads, pairs)  # (B, H, c, n) -> (B, H, c*n)
     future = future_keys(start, end, q.device)  # (c, n)
     if mask is None:
-        bias = logits.new_zeros(1, heads, end - start, end)  # (1, H, c, n)
+        bias = logits.new_zeros(1, heads, pairs)  # (1, H, c*n)
     else:
         bias = mask[..., start:end, :end].to(dtype).masked_fill(future, 0.0)  # (1|B, H, c, n)
-    pairs = torch.cat([logits, bias.expand_as(logits)], dim=1).permute(0, 2, 3, 1)  # (B, c, n, 2H)
-    first, second = mixer.first, mixer.second
-    hidden = F.linear(pairs, first.weight.to(dtype), first.bias.to(dtype))  # (B, c, n, W)
+        bias = bias.view(-1, heads, pairs)  # (1|B, H, c, n) -> (1|B, H, c*n)
+    w1, b1 = mixer.first.weight.to(dtype), mixer.first.bias.to(dtype)
+    from_bias = torch.baddbmm(b1[None, :, None], batched(w1[:, heads:], bias.shape[0]), bias)  # (1|B, W, c*n)
+    hidden = torch.bmm(batched(w1[:, :heads], batch), logits).add_(from_bias)  # (B, W, c*n)
     activation = F.leaky_relu_(hidden, mixer.slope)
-    mixed = F.linear(activation, second.weight.to(dtype), second.bias.to(dtype))  # (B, c, n, H)
-    scores = mixed.permute(0, 3, 1, 2).add(logits).add_(bias)  # (B, c, n, H) -> (B, H, c, n)
-    return MixedChunk(pairs, activation, scores.masked_fill_(future, float("-inf")), future)
+    w2, b2 = mixer.second.weight.to(dtype), mixer.second.bias.to(dtype)
+    scores = torch.bmm(batched(w2, batch), activation)  # (B, H, c*n)
+    scores = scores.add_(logits).add_(bias).add_(b2[:, None])
+    scores = scores.view(batch, heads, end - start, end)  # (B, H, c*n) -> (B, H, c, n)
+    return MixedChunk(logits, bias, activation, scores.masked_fill_(future, float("-inf")), future)
 
 
 def mixed_scores(q: Tensor, k: Tensor, mask: Tensor | None, mixer: PairMLP, start: int, end: int) -> Tensor:
@@ -371,7 +382,7 @@ class MixedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, mask, out, lse = ctx.saved_tensors
-        mixer, dtype, heads = ctx.mixer, compute_dtype(q), q.shape[1]
+        mixer, dtype, (batch, heads) = ctx.mixer, compute_dtype(q), q.shape[:2]
         d_out = d_out.to(dtype)
         delta = (d_out * out.to(dtype)).sum(-1, keepdim=True)  # (B, H, T, 1)
         grads = MixedGrads.zeros(q, k, v, mask if ctx.needs_input_grad[3] else None, mixer, dtype)
@@ -384,16 +395,15 @@ class MixedAttention(torch.autograd.Function):
             d_out_c, v_c = d_out[:, :, start:end], v[:, :, :end].to(dtype)
             grads.v[:, :, :end] += torch.matmul(probs.transpose(-1, -2), d_out_c)
             d_scores = torch.matmul(d_out_c, v_c.transpose(-1, -2))  # dP: (B, H, c, end)
-            d_scores.sub_(delta[:, :, start:end]).mul_(probs)  # dS
-            d_pairs = grads.add_mlp(chunk, d_scores.permute(0, 2, 3, 1), w1, w2, mixer.slope)  # (B, c, n, 2H)
-            d_pairs = d_pairs.permute(0, 3, 1, 2)  # (B, c, n, 2H) -> (B, 2H, c, n)
-            d_logits = (d_pairs[:, :heads] + d_scores).mul_(scale)  # dA / sqrt(D): (B, H, c, end)
+            d_scores = d_scores.sub_(delta[:, :, start:end]).mul_(probs)  # dS: (B, H, c, end)
+            d_scores = d_scores.view(batch, heads, -1)  # (B, H, c, end) -> (B, H, c*end)
+            d_logits, d_bias = grads.add_mlp(chunk, d_scores, w1, w2, mixer.slope)
+            d_logits = d_logits.mul_(scale).view_as(probs)  # dA / sqrt(D): (B, H, c*end) -> (B, H, c, end)
             grads.q[:, :, start:end] = torch.matmul(d_logits, k[:, :, :end].to(dtype))
             grads.k[:, :, :end] += torch.matmul(d_logits.transpose(-1, -2), q[:, :, start:end].to(dtype))
             if grads.mask is not None:
-                d_bias = (d_pairs[:, heads:] + d_scores).masked_fill_(chunk.future, 0)  # dB: (B, H, c, end)
-                shared = grads.mask.shape[0] == 1
-                grads.mask[..., start:end, :end] = d_bias.sum(0, keepdim=True) if shared else d_bias
+                d_bias = d_bias.view(-1, heads, end - start, end)  # (1|B, H, c*end) -> (1|B, H, c, end)
+                grads.mask[..., start:end, :end] = d_bias.masked_fill_(chunk.future, 0)
         return grads.cast(q, k, v, mask, mixer)
 
 
@@ -420,18 +430,26 @@ class MixedGrads:
         layers = (mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias)
         return MixedGrads(zero(q), zero(k), zero(v), None if mask is None else zero(mask), *map(zero, layers))
 
-    def add_mlp(self, chunk: MixedChunk, d_scores: Tensor, w1: Tensor, w2: Tensor, slope: float) -> Tensor:
-        """Accumulate f's weight gradients from dS (B, c, n, H) channels last, and return f's gradient
-        with respect to its input [A; B]: (B, c, n, 2H)."""
-        pairs, activation = chunk.pairs.flatten(0, 2), chunk.activation.flatten(0, 2)  # (P, 2H), (P, W)
-        d_mixed = d_scores.flatten(0, 2)  # (B, c, n, H) -> (P, H)
-        self.w2 += d_mixed.t() @ activation  # (H, W)
-        self.b2 += d_mixed.sum(0)
+    def add_mlp(
+        self, chunk: MixedChunk, d_scores: Tensor, w1: Tensor, w2: Tensor, slope: float
+    ) -> tuple[Tensor, Tensor]:
+        """Accumulate f's weight gradients from dS (B, H, c*n), and return the gradients with respect to
+        the logits, dA = dS + W1_A^T dH (B, H, c*n), and to the bias, dB = dS + W1_B^T dH (1|B, H, c*n),
+        summed over the batch when the bias is shared."""
+        batch, heads = d_scores.shape[:2]
+        self.w2 += torch.bmm(d_scores, chunk.activation.transpose(1, 2)).sum(0)  # (B, H, W) -> (H, W)
+        self.b2 += d_scores.sum((0, 2))
+        d_activation = torch.bmm(batched(w2.t(), batch), d_scores)  # (B, W, c*n)
         # dH = dg * g'(H) from g(H) itself (its sign is H's): aten's fused LeakyReLU backward
-        d_hidden = torch.ops.aten.leaky_relu_backward(d_mixed @ w2, activation, slope, True)  # (P, W)
-        self.w1 += (pairs.t() @ d_hidden).t()  # (W, 2H); this order is the fast GEMM (~4x)
-        self.b1 += d_hidden.sum(0)
-        return (d_hidden @ w1).view(*chunk.pairs.shape)  # (P, 2H) -> (B, c, n, 2H)
+        d_hidden = torch.ops.aten.leaky_relu_backward(d_activation, chunk.activation, slope, True)
+        self.w1[:, :heads] += torch.bmm(d_hidden, chunk.logits.transpose(1, 2)).sum(0)  # (B, W, H) -> (W, H)
+        d_logits = torch.baddbmm(d_scores, batched(w1[:, :heads].t(), batch), d_hidden)  # (B, H, c*n)
+        if chunk.bias.shape[0] == 1:  # a shared bias: its terms summed over the batch first
+            d_hidden, d_scores = d_hidden.sum(0, keepdim=True), d_scores.sum(0, keepdim=True)
+        self.w1[:, heads:] += torch.bmm(d_hidden, chunk.bias.transpose(1, 2)).sum(0)  # (1|B, W, H) -> (W, H)
+        self.b1 += d_hidden.sum((0, 2))
+        d_bias = torch.baddbmm(d_scores, batched(w1[:, heads:].t(), d_hidden.shape[0]), d_hidden)
+        return d_logits, d_bias
 
     def cast(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP) -> tuple:
         """The gradients in their inputs' dtypes, in `MixedAttention.forward`'s argument order."""

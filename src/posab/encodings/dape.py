@@ -43,7 +43,7 @@ class ScoreMixer(nn.Module):
 
     def forward(self, logits: Tensor, bias: Tensor) -> Tensor:
         """logits (B, H, c, n), bias (1|B, H, c, n) -> A + B + f([A; B]): (B, H, c, n), channels last as
-        the reference code computes it (the all-pairs reference and the attention analysis)."""
+        the reference code computes it (the all-pairs reference; the model runs `mixed_attention`)."""
         pair = torch.cat([logits, bias.expand_as(logits)], dim=1).permute(0, 2, 3, 1)  # (B, c, n, 2H)
         hidden = F.leaky_relu(self.first(pair), self.slope)  # (B, c, n, width)
         return logits + bias + self.second(hidden).permute(0, 3, 1, 2)  # (B, c, n, H) -> (B, H, c, n)
