@@ -26,6 +26,7 @@ from posab.evaluate.extrapolation import (
     bias_pull,
     bias_summary,
     input_novelty,
+    novelty_scalars,
     pull_scalars,
 )
 from posab.evaluate.pull_backfill import backfill_run
@@ -140,6 +141,26 @@ def test_novelty_is_zero_within_the_training_length_and_grows_past_it() -> None:
         assert 0 < measure[0] < measure[1] < measure[2], measure
     # the slowest sine, sin(d / 4096), leaves its range at every distance past 511: (L - 512) / L of them
     assert [outside[7].item() for outside, _ in past] == [0.5, 0.75, 0.875]
+
+
+@pytest.mark.parametrize("input", ["raw", "log", "fire"])
+def test_near_novelty_sees_the_fire_inputs_moving_the_trained_distances(input: str) -> None:
+    """An input of d alone keeps every trained distance's input past T (near novelty 0 at every length);
+    the FIRE input's normaliser grows past T, so each trained distance d >= 1 reads a new input there."""
+    encoding = MultiScale(Dims(16, 2, train_len=512), num_freqs=8, max_dist=4096.0, hidden=8, input=input)
+    lengths = [256, 512, 1024, 4096]
+    found = input_novelty(encoding, 512, lengths, CPU, None)
+    assert found is not None
+    scalars = novelty_scalars(found, 512)
+    for length in lengths:
+        near = found[length][1][:512]  # (T,) or (L,) for L < T
+        assert scalars[f"audit/novelty_near@{length}"] == pytest.approx(float(near.mean()), rel=1e-12)
+        if input != "fire" or length <= 512:
+            assert near.abs().sum().item() == 0.0
+        else:  # d = 0 reads ln 1 = 0 under any normaliser; every other trained distance moved
+            assert near[0].item() == 0.0 and bool((near[1:] > 0).all())
+    if input == "fire":
+        assert 0 < scalars["audit/novelty_near@1024"] <= scalars["audit/novelty_near@4096"]
 
 
 def test_every_encoding_gets_attention_statistics_and_bias_curves_where_it_has_them(

@@ -53,7 +53,13 @@ NEEDLE_CELL_METRICS = ("acc", "logprob", "gain")  # the metrics with a value per
 SHIFT_METRICS = ("max_abs_logit", "kl", "top1_agree", "dloss")
 SHIFT_KINDS = ("offset", "prefix", "context")
 AUDIT_HEAD_METRICS = ("bias_end", "bias_min_beyond", "bias_max_beyond")  # per head only
-AUDIT_LENGTH_METRICS = ("novelty_outside", "novelty_outside_max", "novelty_nearest", "novelty_nearest_mean")
+AUDIT_LENGTH_METRICS = (
+    "novelty_outside",
+    "novelty_outside_max",
+    "novelty_nearest",
+    "novelty_nearest_mean",
+    "novelty_near",
+)
 AUDIT_ATTENTION_METRICS = ("entropy", "distance")  # at a length; per (layer, head) or their mean
 AUDIT_PULL = "bias_pull"  # at a length; per head or the largest over heads
 AUDIT_METRICS = (

@@ -43,8 +43,13 @@ path, so the audit reads exactly what the model adds. T = L_train (`train.seq_le
        nearest(d)     min_{t < T} ||x(d) - x(t)||_2
 
    `audit/novelty_outside@L` (mean over f), `audit/novelty_outside_max@L` (max over f),
-   `audit/novelty_nearest@L` (max over d), `audit/novelty_nearest_mean@L` (mean over d), and the
-   `extrapolation_novelty` table (per length and feature). All 0 at L <= T.
+   `audit/novelty_nearest@L` (max over d), `audit/novelty_nearest_mean@L` (mean over d),
+   `audit/novelty_near@L` (mean of nearest(d) over the trained distances d < T only), and the
+   `extrapolation_novelty` table (per length and feature). All 0 at L <= T. `novelty_near` is 0 at every
+   length for an input of d alone (raw, log: the distances below T keep their training inputs, and only
+   new distances can be novel); it is not for the FIRE input, whose normaliser ln(1 + max(i, T)) is
+   constant over training's queries and grows past T, so at the last query of L every trained distance
+   d >= 1 reads an input it never had, the near ones that local heads attend included.
 
 3. Attention, for every encoding: entropy and mean attended distance per layer and head at each of
    `eval.lengths`, over `eval.extrapolation.windows` fixed validation windows, by the attention analysis's
@@ -237,15 +242,16 @@ def input_novelty(
     return out
 
 
-def novelty_scalars(found: dict[int, tuple[Tensor, Tensor]]) -> dict[str, float]:
+def novelty_scalars(found: dict[int, tuple[Tensor, Tensor]], train_len: int) -> dict[str, float]:
     """Per length: the mean and the largest outside fraction over features, the largest and the mean
-    nearest-input distance over distances."""
+    nearest-input distance over distances, and its mean over the trained distances d < `train_len`."""
     scalars: dict[str, float] = {}
     for length, (outside, nearest) in found.items():
         scalars[metric_key("novelty_outside", length)] = float(outside.mean())
         scalars[metric_key("novelty_outside_max", length)] = float(outside.max())
         scalars[metric_key("novelty_nearest", length)] = float(nearest.max())
         scalars[metric_key("novelty_nearest_mean", length)] = float(nearest.mean())
+        scalars[metric_key("novelty_near", length)] = float(nearest[:train_len].mean())
     return scalars
 
 
@@ -286,7 +292,8 @@ def novelty_output(ctx: EvalContext) -> EvalOutput:
     found = input_novelty(ctx.model.encoding, ctx.train_len, list(ctx.cfg.lengths), ctx.device, ctx.dtype)
     if found is None:
         return EvalOutput()
-    return EvalOutput(scalars=novelty_scalars(found), tables={"extrapolation_novelty": novelty_table(found)})
+    scalars = novelty_scalars(found, ctx.train_len)
+    return EvalOutput(scalars=scalars, tables={"extrapolation_novelty": novelty_table(found)})
 
 
 def attention_output(ctx: EvalContext, windows: int) -> EvalOutput:

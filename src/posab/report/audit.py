@@ -30,6 +30,7 @@ COLUMNS = (
     AuditColumn(lambda t, n: f"pull@{n}", lambda t, n: metric_key("bias_pull", n), ".3f"),
     AuditColumn(lambda t, n: f"outside@{n}", lambda t, n: metric_key("novelty_outside", n), ".3f"),
     AuditColumn(lambda t, n: f"nearest@{n}", lambda t, n: metric_key("novelty_nearest", n), ".3g"),
+    AuditColumn(lambda t, n: f"near@{n}", lambda t, n: metric_key("novelty_near", n), ".3g"),
     AuditColumn(lambda t, n: f"entropy@{t}", lambda t, n: metric_key("entropy", t), ".3f"),
     AuditColumn(lambda t, n: f"entropy@{n}", lambda t, n: metric_key("entropy", n), ".3f"),
     AuditColumn(lambda t, n: f"distance@{t}", lambda t, n: metric_key("distance", t), ".1f"),
@@ -48,6 +49,9 @@ LEGEND = (
     "of length L lies outside the range it took over the training distances (`audit/novelty_outside@L`)",
     "nearest@L: the largest distance from an evaluation input vector to its nearest training input vector "
     "(`audit/novelty_nearest@L`); 0 when every input at L was seen in training",
+    "near@L: that distance's mean over the trained distances d < T alone, at the last query of length L "
+    "(`audit/novelty_near@L`): 0 for an input of d alone, where only new distances can be novel; above 0 "
+    "when the distances training saw read new inputs past T (the FIRE input's growing normaliser)",
     "entropy@T, entropy@L: attention entropy, nats, mean over layers and heads (`audit/entropy@N`)",
     "distance@T, distance@L: mean attended distance, tokens, mean over layers and heads (`audit/distance@N`)",
     "flat vs broken: for a row whose runs disagree, the mean of each number over its flat runs and over its "
