@@ -29,10 +29,10 @@ from posab.evaluate.extrapolation import (
     novelty_scalars,
     pull_scalars,
 )
-from posab.evaluate.pull_backfill import backfill_run
 from posab.keys import format_key, parse_key
 from posab.outputs import EvalOutput
 from posab.plots import png_bytes
+from posab.run.audit_backfill import backfill_run
 
 TRAIN_LEN = 32
 LENGTHS = [16, 32, 64]
@@ -253,5 +253,21 @@ def test_the_backfill_adds_the_pull_from_a_saved_curve_once_and_says_so(tmp_path
     results = json.loads((tmp_path / "results.json").read_text())
     assert added == sorted(pull_scalars(curve, TRAIN_LEN, [64])) and results["eval"]["ppl/64"] == 3.0
     assert {k: results["eval"][k] for k in added} == pull_scalars(curve, TRAIN_LEN, [64])
-    assert results["backfilled"] == {"posab.evaluate.pull_backfill": added}
+    assert results["backfilled"] == {"posab.run.audit_backfill": added}
     assert backfill_run(tmp_path) == []  # nothing missing the second time
+
+
+def test_the_backfill_derives_the_novelty_the_evaluator_measured_from_the_checkpoint(tmp_path: Path) -> None:
+    """A run whose results lack the novelty keys (made before they existed): the backfill, from its
+    config and checkpoint, writes exactly the numbers its own evaluation wrote."""
+    overrides = ["+experiment=tiny", "encoding=multiscale", "encoding.input=fire"]
+    run = tmp_path / "run"
+    measured = run_main([*overrides, f"data.cache_dir={tmp_path / 'cache'}", "train.steps=2"], run)["eval"]
+    assert measured["audit/novelty_near@256"] > 0 and measured["audit/novelty_near@128"] == 0.0
+    results = json.loads((run / "results.json").read_text())
+    novelty = {k: results["eval"].pop(k) for k in list(results["eval"]) if k.startswith("audit/novelty_")}
+    (run / "results.json").write_text(json.dumps(results))
+    added = backfill_run(run)
+    backfilled = json.loads((run / "results.json").read_text())
+    assert added == sorted(novelty) and {k: backfilled["eval"][k] for k in added} == novelty
+    assert backfilled["backfilled"] == {"posab.run.audit_backfill": added}

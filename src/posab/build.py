@@ -16,9 +16,9 @@ def max_positions(cfg: Config) -> int:
     return max([train_len + 1, *(n + 1 for n in cfg.eval.lengths), *declared])
 
 
-def build_model(cfg: Config, vocab_size: int) -> DecoderLM:
-    """The run's model; its encoding sees the run's seed (`Dims.seed`)."""
-    dims = Dims(
+def model_dims(cfg: Config) -> Dims:
+    """The dimensions the run's encoding is built with; it sees the run's seed (`Dims.seed`)."""
+    return Dims(
         cfg.model.d_model,
         cfg.model.n_heads,
         cfg.train.seq_len,
@@ -26,7 +26,11 @@ def build_model(cfg: Config, vocab_size: int) -> DecoderLM:
         seed=cfg.seed,
         n_layers=cfg.model.n_layers,
     )
-    return DecoderLM(cfg.model, vocab_size, build_encoding(cfg.encoding, dims))
+
+
+def build_model(cfg: Config, vocab_size: int) -> DecoderLM:
+    """The run's model."""
+    return DecoderLM(cfg.model, vocab_size, build_encoding(cfg.encoding, model_dims(cfg)))
 
 
 def encoding_name(cfg: Config) -> str:

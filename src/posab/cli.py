@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tuning": ("posab.report.tuning", "the learning-rate pilot's picks"),
     "budget": ("posab.report.budget", "the training budget's validation curves"),
     "window-documents": ("posab.report.window_documents", "add each window's document to runs.csv"),
-    "audit-backfill": ("posab.evaluate.pull_backfill", "the audit's bias pull from saved bias curves"),
+    "audit-backfill": ("posab.run.audit_backfill", "the audit's pull and input novelty for older runs"),
     "bench": ("posab.bench.cli", "the performance benchmark"),
 }
 
