@@ -143,7 +143,7 @@ def test_novelty_is_zero_within_the_training_length_and_grows_past_it() -> None:
     assert [outside[7].item() for outside, _ in past] == [0.5, 0.75, 0.875]
 
 
-@pytest.mark.parametrize("input", ["raw", "log", "fire"])
+@pytest.mark.parametrize("input", ["raw", "log", "fire", "fire_held"])
 def test_near_novelty_sees_the_fire_inputs_moving_the_trained_distances(input: str) -> None:
     """An input of d alone keeps every trained distance's input past T (near novelty 0 at every length);
     the FIRE input's normaliser grows past T, so each trained distance d >= 1 reads a new input there."""

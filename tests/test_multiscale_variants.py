@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ VARIANTS = [
     ["encoding.spacing=linear"],
     ["encoding.input=log"],
     ["encoding.input=fire"],
+    ["encoding.input=fire_held"],
     ["encoding.form=multiplicative"],
     ["encoding.input=fire", "encoding.form=multiplicative", "encoding.num_freqs=8"],
     ["encoding.clamp=train"],
@@ -85,6 +87,25 @@ def test_fire_input_per_query_equals_the_distance_table_below_the_training_lengt
     # Python float) through the same MLP: equal here, an ulp or so apart at most through the MLP;
     # 1e-5 = 84 EPS32 of the bias's scale, while a wrong normaliser is ~1e-1 of it
     assert_close_to_scale(per_query[:, lower], enc.bias(pos)[0][:, lower], rel=1e-5)
+
+
+@torch.no_grad()
+def test_the_held_fire_input_is_fire_below_the_training_length_and_its_training_input_past_it() -> None:
+    """`fire_held`, L_train = 16: the same bias as `fire` at every query below 16 (training's), and past it
+    the MLP on ln(1 + d) / ln(1 + 16) * L_max, the input training gave each trained distance."""
+    dims = Dims(32, 4, 16)
+    torch.manual_seed(0)
+    fire = MultiScale(dims, num_freqs=8, hidden=16, input="fire")
+    torch.manual_seed(0)
+    held = MultiScale(dims, num_freqs=8, hidden=16, input="fire_held")
+    assert held.relative_only and held.static_bias and not fire.relative_only
+    inside = Positions.build(16)
+    assert torch.equal(held.bias(inside), fire.bias(inside))
+    last = held.bias(Positions.build(40))[0][:, 39, :]  # (H, L): query 39, key j at distance 39 - j
+    distance = torch.arange(39.0, -1.0, -1.0)  # (L,)
+    expected = held.distance_mlp(torch.log1p(distance) / math.log1p(16) * held.max_dist)  # (H, L)
+    assert torch.equal(last, expected)
+    assert not torch.allclose(fire.bias(Positions.build(40))[0][:, 39, :], last)
 
 
 def test_log_spacing_and_linear_spacing() -> None:
@@ -162,3 +183,23 @@ def test_a_clamp_is_evaluated_on_a_trained_run_as_a_run_of_its_own(tmp_path: Pat
     with pytest.raises(ConfigError, match="inside"):
         reevaluate(tmp_path / "run", ["encoding.clamp=train"], tmp_path / "run" / "eval", as_run=True)
     assert not (tmp_path / "refused").exists() and not (tmp_path / "run" / "eval").exists()
+
+
+def test_the_fire_normaliser_is_held_on_a_trained_run_as_a_run_of_its_own(tmp_path: Path) -> None:
+    """`fire` and `fire_held` agree at every query below the training length, so a `fire` run re-evaluated
+    with `fire_held` is that arm's run (the same weights): the same numbers at L_train, and past it the
+    trained distances keep their inputs (the audit's novelty_near 0); another input is refused."""
+    trained = run_main(
+        ["+experiment=tiny", "encoding=multiscale", "encoding.input=fire", "eval.needle.enabled=false"],
+        tmp_path / "run",
+    )
+    out = tmp_path / "held"
+    reevaluate(tmp_path / "run", ["encoding.input=fire_held"], out, as_run=True)
+    record = json.loads((out / "results.json").read_text())
+    assert OmegaConf.load(out / "config.yaml").encoding.input == "fire_held"
+    assert record["val_loss"] == trained["val_loss"]
+    assert record["eval"]["ppl/128"] == pytest.approx(trained["eval"]["ppl/128"], rel=1e-6)
+    assert trained["eval"]["audit/novelty_near@256"] > 0 and record["eval"]["audit/novelty_near@256"] == 0.0
+    with pytest.raises(ConfigError, match=r"encoding.input 'fire' -> 'log' would have changed training"):
+        reevaluate(tmp_path / "run", ["encoding.input=log"], tmp_path / "refused", as_run=True)
+    assert not (tmp_path / "refused").exists()

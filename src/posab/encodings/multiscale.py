@@ -10,7 +10,10 @@ Options (the note's defaults first):
 - `input`: `raw` (d itself, the note), `log` (sign(d) ln(1 + |d|), rescaled so that d = L_max maps to L_max:
   the input grows slowly past the training length), or `fire` (FIRE-style, Li et al. 2023:
   u = ln(1 + d) / ln(1 + max(i, L_train)) * L_max for j <= i, bounded at any length; it depends on the
-  query position i beyond the training length, so it is not offset-invariant there);
+  query position i beyond the training length, so it is not offset-invariant there), or `fire_held` (the
+  FIRE input with its normaliser held at training's, u = ln(1 + d) / ln(1 + L_train) * L_max at every
+  query: the same input as `fire` in training, where no query reaches L_train, and past it an input of d
+  alone, so the trained distances keep their inputs; issue 28, what the audit's `novelty_near` suggests);
 - `form`: `additive` (form (1): + b(d)) or `multiplicative` (form (2): q.k * g(d) / sqrt(d) + b(d), with
   g(d) = 1 + MLP_g(...) from its own multi-scale MLP, initialised to g = 1);
 - `clamp`: None (the note: every distance its own input), `train` (L_train - 1) or a distance N >= 1:
@@ -28,7 +31,7 @@ from posab.encodings.base import Dims, Encoding, Positions, distances, toeplitz
 from posab.errors import ConfigError
 
 SPACINGS = ("log", "linear")
-INPUTS = ("raw", "log", "fire")
+INPUTS = ("raw", "log", "fire", "fire_held")
 FORMS = ("additive", "multiplicative")
 CHUNK = 1 << 20  # distinct inputs per MLP call when they are many (fire input beyond the training length)
 
@@ -153,7 +156,7 @@ class MultiScale(Encoding):
         scale = self.max_dist / math.log1p(self.max_dist)
         if self.input == "log":
             return d.sign() * torch.log1p(d.abs()) * scale
-        if self.input == "fire":
+        if self.input in ("fire", "fire_held"):
             return torch.log1p(d.clamp_min(0)) / math.log1p(self.train_len) * self.max_dist
         return d
 

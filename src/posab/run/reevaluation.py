@@ -4,8 +4,9 @@
     posab evaluate RUN eval.perplexity.stride=256 eval.needle.enabled=false --out DIR
 
 Overrides may change `eval.*`, `train.device`, `train.precision`, where the data is (`data.path`,
-`data.cache_dir`) and `encoding.clamp` between values that never act in training (null, `train`); the
-results go to RUN/eval/<time>/ (or --out DIR), and the run's end-of-run table is printed for them.
+`data.cache_dir`), `encoding.clamp` between values that never act in training (null, `train`) and
+`encoding.input` between inputs that training cannot tell apart (`fire`, `fire_held`); the results go to
+RUN/eval/<time>/ (or --out DIR), and the run's end-of-run table is printed for them.
 With --as-run, --out DIR becomes a run directory of the changed configuration that the report reads:
 
     posab evaluate RUN encoding.clamp=train --as-run --out sweeps/arm/RUN_clamp
@@ -44,7 +45,10 @@ REEVAL_PREFIXES = (
     "data.cache_dir=",
     "data.path=",
     "encoding.clamp=",
+    "encoding.input=",
 )
+# inputs of the multi-scale bias that agree at every query below the training length (they differ past it)
+SAME_IN_TRAINING = ({"fire", "fire_held"},)
 
 
 def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path, as_run: bool = False) -> dict[str, Any]:
@@ -65,6 +69,7 @@ def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path, as_run: bool 
     cfg = load_config(merged)  # type: ignore[arg-type]
     staged = (run_dir / CHECKPOINTS["passkey"]).is_file()  # the needle measured the stage's model
     check_clamp_unchanged_in_training(saved, cfg, staged)
+    check_input_unchanged_in_training(saved, cfg, staged)
     device = resolve_device(cfg.train.device)
     data = prepare_data(cfg.data)
     check_eval_lengths(cfg, eval_split(cfg, data))
@@ -76,7 +81,9 @@ def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path, as_run: bool 
     logger = JsonlLogger(out_dir / "metrics.jsonl")
     results: dict[str, Any] = {}
     for after_stage, kind in ((False, "latest"), (True, "passkey")) if staged else ((None, "latest"),):
-        load_model_state(cfg, model, run_dir / CHECKPOINTS[kind], checked_elsewhere=("encoding.clamp",))
+        load_model_state(
+            cfg, model, run_dir / CHECKPOINTS[kind], checked_elsewhere=("encoding.clamp", "encoding.input")
+        )
         results.update(evaluate(ctx, out_dir, logger, step=0, after_stage=after_stage))
     logger.finish("finished")
     if as_run:
@@ -103,6 +110,20 @@ def check_clamp_unchanged_in_training(saved: DictConfig, cfg: Config, staged: bo
         )
 
 
+def check_input_unchanged_in_training(saved: DictConfig, cfg: Config, staged: bool) -> None:
+    """`encoding.input` may change on re-evaluation only between inputs that agree at every query below the
+    training length (`SAME_IN_TRAINING`), and not for a run with a passkey stage (longer windows)."""
+    before, after = OmegaConf.select(saved, "encoding.input"), cfg.encoding.get("input")
+    if before == after:
+        return
+    if staged or not any({before, after} <= same for same in SAME_IN_TRAINING):
+        allowed = " or ".join(" <-> ".join(sorted(same)) for same in SAME_IN_TRAINING)
+        raise ConfigError(
+            f"encoding.input {before!r} -> {after!r} would have changed training; allowed: {allowed}, for a "
+            "run without a passkey stage"
+        )
+
+
 def write_as_run(
     run_dir: Path, config: DictConfig, overrides: list[str], results: dict[str, Any], out_dir: Path
 ) -> None:
@@ -122,7 +143,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         prog="posab evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("run_dir", type=Path, help="a finished run's directory (config.yaml, checkpoint.pt)")
-    parser.add_argument("overrides", nargs="*", help="KEY=VALUE: eval.*, train.*, data.*, encoding.clamp")
+    parser.add_argument(
+        "overrides", nargs="*", help="KEY=VALUE: eval.*, train.*, data.*, encoding.clamp, encoding.input"
+    )
     parser.add_argument("--out", type=Path, help="folder for the results (default RUN_DIR/eval/<time>)")
     parser.add_argument(
         "--as-run", action="store_true", help="write --out as a run directory (config, record, curve)"
