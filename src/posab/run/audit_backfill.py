@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from posab.build import model_dims
-from posab.config import load_config
+from posab.config import Config, load_config
 from posab.device import autocast_dtype
 from posab.encodings import Encoding, build_encoding
 from posab.evaluate.extrapolation import input_novelty, novelty_scalars, pull_scalars
@@ -52,12 +52,8 @@ def pull_keys(run_dir: Path, lengths: list[int]) -> dict[str, float]:
     return pull_scalars(bias, train_len, lengths)
 
 
-def run_encoding(run_dir: Path) -> Encoding | None:
-    """The run's encoding with its checkpoint's weights; None without a checkpoint."""
-    checkpoint = run_dir / CHECKPOINTS["latest"]
-    if not checkpoint.is_file():
-        return None
-    cfg = load_config(OmegaConf.load(run_dir / "config.yaml"))  # type: ignore[arg-type]
+def run_encoding(cfg: Config, checkpoint: Path) -> Encoding:
+    """The run's encoding with the checkpoint's weights."""
     encoding = build_encoding(cfg.encoding, model_dims(cfg))
     state = load_checkpoint(checkpoint)["model"]
     start = len(ENCODING_PREFIX)
@@ -65,13 +61,15 @@ def run_encoding(run_dir: Path) -> Encoding | None:
     return encoding
 
 
-def novelty_keys(run_dir: Path, lengths: list[int], precision: str) -> dict[str, float]:
-    """The input novelty at `lengths` of the run's own encoding; {} without a checkpoint or an MLP bias."""
-    encoding = run_encoding(run_dir)
-    if encoding is None:
+def novelty_keys(run_dir: Path, saved: DictConfig, precision: str) -> dict[str, float]:
+    """The input novelty at the run's `eval.lengths` of its own encoding (`saved`: its config.yaml); {}
+    without a checkpoint or an MLP bias."""
+    checkpoint = run_dir / CHECKPOINTS["latest"]
+    if not checkpoint.is_file():
         return {}
-    train_len = int(OmegaConf.load(run_dir / "config.yaml").train.seq_len)
-    found = input_novelty(encoding, train_len, lengths, CPU, autocast_dtype(precision, CPU))
+    cfg = load_config(saved)  # type: ignore[arg-type]
+    encoding, train_len = run_encoding(cfg, checkpoint), cfg.train.seq_len
+    found = input_novelty(encoding, train_len, list(cfg.eval.lengths), CPU, autocast_dtype(precision, CPU))
     return {} if found is None else novelty_scalars(found, train_len)
 
 
@@ -80,10 +78,11 @@ def backfill_run(run_dir: Path) -> list[str]:
     results_file = run_dir / "results.json"
     if not results_file.is_file():
         return []
-    lengths = [int(n) for n in OmegaConf.load(run_dir / "config.yaml").eval.lengths]
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    lengths = [int(n) for n in saved.eval.lengths]
     results: dict[str, Any] = json.loads(results_file.read_text())
     evaluated = results.setdefault("eval", {})
-    derived = pull_keys(run_dir, lengths) | novelty_keys(run_dir, lengths, results.get("precision", "fp32"))
+    derived = pull_keys(run_dir, lengths) | novelty_keys(run_dir, saved, results.get("precision", "fp32"))
     added = {k: v for k, v in derived.items() if k not in evaluated}
     if added:
         evaluated.update(added)
