@@ -76,6 +76,35 @@ def test_evaluation_path_and_attention_probabilities_equal_training_path() -> No
     assert probs.triu(1).abs().max() == 0  # causal: no weight on a future key
 
 
+def bf16_training_step(autocast: bool) -> list[torch.Tensor]:
+    """The output and gradients of DAPE's attention from bf16 q, k, v (as autocast's projections give
+    them), with or without bf16 autocast around the forward pass; the backward runs outside it, as in
+    `Trainer.step`."""
+    leaves, mixer = inputs(2, 1, MIX_CHUNK + 3)
+    q, k, v = (t.detach().bfloat16().requires_grad_() for t in leaves[:3])
+    mask = leaves[3].detach().float() + causal_mask(q.shape[-2], q.device)
+    mixer = mixer.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = attention(q, k, v, mask, mixer=mixer)
+    out.float().square().sum().backward()
+    return [out.detach(), *(t.grad for t in (q, k, v)), *(p.grad for p in mixer.parameters())]
+
+
+def test_dape_under_bf16_autocast_runs_f_in_float32_forward_and_backward_alike() -> None:
+    """train.precision=bf16 (or auto on AVX-512 bf16): autocast must not reach f, or the forward runs f's
+    bmm in bf16 while the backward recomputes it in float32 against the forward's log-sum-exp; and the
+    needle evaluation's attention probabilities stay float32 (in bf16, numpy cannot hold them)."""
+    with_autocast, without = bf16_training_step(True), bf16_training_step(False)
+    names = ["out", "dq", "dk", "dv", "dW1", "db1", "dW2", "db2"]
+    for name, a, b in zip(names, with_autocast, without, strict=True):
+        assert a is not None and b is not None and torch.equal(a, b), name
+    leaves, mixer = inputs(1, 1, 5)
+    q, k = (t.detach().bfloat16() for t in leaves[:2])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        probs = AttentionInputs(q, k, leaves[3].detach().float(), None, mixer.float()).probabilities()
+    assert probs.dtype == torch.float32
+
+
 def test_dape_wraps_its_base_bias_and_has_one_mixer_per_layer() -> None:
     dims = Dims(d_model=12, n_heads=HEADS, n_layers=3)
     dape = build_encoding({"_target_": "posab.encodings.dape.DAPE", "base": ALIBI, "width": 5}, dims)

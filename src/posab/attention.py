@@ -299,25 +299,29 @@ def mixed_chunk(
     q: Tensor, k: Tensor, mask: Tensor | None, mixer: PairMLP, start: int, end: int
 ) -> MixedChunk:
     """DAPE's scores of queries start:end over keys 0:end. The bias is the mask with its causal part set to
-    0 (the reference's tril), the causal mask is applied after f."""
-    dtype, (batch, heads), pairs = compute_dtype(q), q.shape[:2], (end - start) * end
-    logits = torch.matmul(q[:, :, start:end], k[:, :, :end].transpose(-1, -2)).to(dtype)  # (B, H, c, n)
-    logits = logits.div_(math.sqrt(q.shape[-1])).view(batch, heads, pairs)  # (B, H, c, n) -> (B, H, c*n)
-    future = future_keys(start, end, q.device)  # (c, n)
-    if mask is None:
-        bias = logits.new_zeros(1, heads, pairs)  # (1, H, c*n)
-    else:
-        bias = mask[..., start:end, :end].to(dtype).masked_fill(future, 0.0)  # (1|B, H, c, n)
-        bias = bias.view(-1, heads, pairs)  # (1|B, H, c, n) -> (1|B, H, c*n)
-    w1, b1 = mixer.first.weight.to(dtype), mixer.first.bias.to(dtype)
-    from_bias = torch.baddbmm(b1[None, :, None], batched(w1[:, heads:], bias.shape[0]), bias)  # (1|B, W, c*n)
-    hidden = torch.bmm(batched(w1[:, :heads], batch), logits).add_(from_bias)  # (B, W, c*n)
-    activation = F.leaky_relu_(hidden, mixer.slope)
-    w2, b2 = mixer.second.weight.to(dtype), mixer.second.bias.to(dtype)
-    scores = torch.bmm(batched(w2, batch), activation)  # (B, H, c*n)
-    scores = scores.add_(logits).add_(bias).add_(b2[:, None])
-    scores = scores.view(batch, heads, end - start, end)  # (B, H, c*n) -> (B, H, c, n)
-    return MixedChunk(logits, bias, activation, scores.masked_fill_(future, float("-inf")), future)
+    0 (the reference's tril), the causal mask is applied after f. f runs in the scores' dtype under any
+    autocast: autocast would run its bmm in bf16 in the forward pass while the backward pass, outside
+    autocast, recomputes it in float32 against the forward's log-sum-exp."""
+    with torch.autocast(q.device.type, enabled=False):
+        dtype, (batch, heads), pairs = compute_dtype(q), q.shape[:2], (end - start) * end
+        logits = torch.matmul(q[:, :, start:end], k[:, :, :end].transpose(-1, -2)).to(dtype)  # (B, H, c, n)
+        logits = logits.div_(math.sqrt(q.shape[-1])).view(batch, heads, pairs)  # (B, H, c, n) -> (B, H, c*n)
+        future = future_keys(start, end, q.device)  # (c, n)
+        if mask is None:
+            bias = logits.new_zeros(1, heads, pairs)  # (1, H, c*n)
+        else:
+            bias = mask[..., start:end, :end].to(dtype).masked_fill(future, 0.0)  # (1|B, H, c, n)
+            bias = bias.view(-1, heads, pairs)  # (1|B, H, c, n) -> (1|B, H, c*n)
+        w1, b1 = mixer.first.weight.to(dtype), mixer.first.bias.to(dtype)
+        # the bias's half of f's first layer, with b1: (1|B, W, c*n)
+        from_bias = torch.baddbmm(b1[None, :, None], batched(w1[:, heads:], bias.shape[0]), bias)
+        hidden = torch.bmm(batched(w1[:, :heads], batch), logits).add_(from_bias)  # (B, W, c*n)
+        activation = F.leaky_relu_(hidden, mixer.slope)
+        w2, b2 = mixer.second.weight.to(dtype), mixer.second.bias.to(dtype)
+        scores = torch.bmm(batched(w2, batch), activation)  # (B, H, c*n)
+        scores = scores.add_(logits).add_(bias).add_(b2[:, None])
+        scores = scores.view(batch, heads, end - start, end)  # (B, H, c*n) -> (B, H, c, n)
+        return MixedChunk(logits, bias, activation, scores.masked_fill_(future, float("-inf")), future)
 
 
 def mixed_scores(q: Tensor, k: Tensor, mask: Tensor | None, mixer: PairMLP, start: int, end: int) -> Tensor:
