@@ -16,6 +16,7 @@ LENGTHS = (512, 1024, 4096)
 
 def audited_run(seed: int, ppl: tuple[float, ...], jump: float, outside: float, entropy: float) -> object:
     metrics = {f"ppl/{n}": p for n, p in zip(LENGTHS, ppl, strict=True)}
+    metrics |= {f"ppl_tail/{n}": 1.05 * p for n, p in zip(LENGTHS[1:], ppl[1:], strict=True)}
     metrics |= {"audit/bias_jump": jump, f"audit/novelty_outside@{LENGTHS[-1]}": outside}
     metrics |= {f"audit/entropy@{n}": entropy + i for i, n in enumerate(LENGTHS)}
     metrics |= {f"audit/distance@{n}": n / 10 for n in LENGTHS}
@@ -38,8 +39,8 @@ def test_audit_section_lists_each_run_and_the_flat_and_broken_means() -> None:
     assert "### Extrapolation audit by verdict (study s)" in text
     rows = [line for line in lines if line.startswith("| multiscale |")]
     assert len(rows) == 3 + 2  # one line per run, then the flat and the broken means
-    assert rows[0].split(" | ")[1:4] == ["0", "yes", "4.60"]
-    assert rows[1].split(" | ")[1:6] == ["1", "no", "4.60", "38.60", "0.9"]
+    assert rows[0].split(" | ")[1:5] == ["0", "yes", "1.050", "4.60"]  # the tail's ratio, 1.05 x 4.6 / 4.6
+    assert rows[1].split(" | ")[1:7] == ["1", "no", "8.811", "4.60", "38.60", "0.9"]
     flat, broken = rows[3].split(" | "), rows[4].split(" | ")
     assert flat[1:6] == ["flat", "1", "0.01", "0.000", "0.000"]
     assert broken[1:6] == ["broken", "2", "0.8", "0.400", "0.400"]  # means of 0.9 and 0.7, of 0.5 and 0.3

@@ -1,5 +1,5 @@
 """The report on evaluation corpora (`eval.corpora`): paired differences, flat counts and columns per corpus,
-from the runs that scored it; and a claims file, whose comparisons Holm corrects as a family of their own."""
+from the runs that scored it; and the claim verdicts a report takes (`posab report --claims`)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ import pandas as pd
 import pytest
 from report_runs import finished_run
 
-from posab.report.claims import CLAIMS_FAMILY, Claim, read_claims
 from posab.report.cli import main as report_cli
 from posab.report.flat import flat_counts, flat_section
 from posab.report.grouping import group_rows
-from posab.report.records import CorpusWindows, ReportError, RunRecord
-from posab.report.resampling import holm
+from posab.report.records import CorpusWindows, RunRecord
 from posab.report.runs_csv import load_csv, write_csv
-from posab.report.stats import ORDERED, PAIRED_METRICS, SUGGESTIVE, paired_differences
+from posab.report.stats import SUGGESTIVE, paired_differences
 
 CORPUS = "wikitext2"
 STARTS = [1000 * i for i in range(8)]
@@ -53,7 +51,7 @@ def grid(encodings: tuple[str, ...], seeds: int = 5, corpus_from: int = 3) -> li
     ]
 
 
-def test_a_corpus_is_compared_on_the_runs_that_scored_it_in_its_own_family() -> None:
+def test_a_corpus_is_compared_on_the_runs_that_scored_it() -> None:
     runs = grid(("nope", "alibi", "rope"))
     frame = paired_differences(group_rows(runs), references=["nope"]).frame
     split, corpus = frame[frame["corpus"] == ""], frame[frame["corpus"] == CORPUS]
@@ -65,12 +63,8 @@ def test_a_corpus_is_compared_on_the_runs_that_scored_it_in_its_own_family() -> 
         for e in ("rope", "nope")
     ]
     assert rope["difference"] == pytest.approx(by_hand[0] - by_hand[1], abs=1e-9)  # about 2 x 0.1
-    assert rope["p_seeds"] == pytest.approx(2 / 6)  # 2 vs 2 seeds on the corpus: 1/3 at best
-    assert set(corpus["family"]) == {f"nope | loss/64 | {CORPUS}"} and set(split["family"]) == {
-        "nope | loss/64"
-    }
-    for _, family in frame.groupby("family"):  # Holm never mixes the corpora
-        assert family["p_holm"].tolist() == pytest.approx(holm(family["p_seeds"].tolist()))
+    assert rope["p_seeds"] == pytest.approx(2 / 4)  # 2 seed-matched pairs on the corpus: 1/2 at best
+    assert set(frame["design"]) == {"seed-matched"} and set(frame["family"]) == {"exploratory"}
 
 
 def test_corpus_windows_survive_runs_csv(tmp_path: Path) -> None:
@@ -85,9 +79,13 @@ def test_corpus_windows_survive_runs_csv(tmp_path: Path) -> None:
 
 
 def ppl_run(encoding: str, seed: int, split: list[float], corpus: list[float] | None) -> RunRecord:
+    """A run trained at 512 with these perplexities at 512, 1,024 and 2,048 (past 512, its tail's too) on
+    the split and, if given, on CORPUS."""
     metrics = {f"ppl/{n}": v for n, v in zip((512, 1024, 2048), split, strict=True)}
+    metrics |= {f"ppl_tail/{n}": v for n, v in zip((1024, 2048), split[1:], strict=True)}
     if corpus:
         metrics |= {f"{CORPUS}:ppl/{n}": v for n, v in zip((512, 1024, 2048), corpus, strict=True)}
+        metrics |= {f"{CORPUS}:ppl_tail/{n}": v for n, v in zip((1024, 2048), corpus[1:], strict=True)}
     return finished_run(f"{encoding}-{seed}", encoding, seed, "s", {"train.seq_len": "512"}, metrics)
 
 
@@ -102,26 +100,20 @@ def test_flat_is_counted_per_corpus_over_the_runs_that_scored_it() -> None:
     assert (split.k, split.n) == (3, 3) and (corpus.k, corpus.n) == (1, 2)
     section = "\n".join(flat_section("s", rows))
     assert f"(study s) on `{CORPUS}`" in section and "flat in 1 of 2 runs on" in section
+    assert "| 1 | 9.00 | 9.10 | 12.00 | no | 1.333 |" in section  # seed 1's tail on the corpus
+    assert "| alibi | 512 → 2048 (4×) | tail | 1 of 2 | [0.09, 0.91] | 1 / 1 / 1 |" in section
     assert section.count("Legend:") == 1
 
 
-def test_the_claims_are_one_family_and_the_rest_keep_theirs() -> None:
-    """Seven rows 5 vs 5 fully separated from nope: p = 2/252 each. Over all seven, Holm gives 7 x 2/252 =
-    0.056: suggestive. Two of them stated as claims: 2 x 2/252 = 0.016, ordered; the other five, a family of
-    five, 5 x 2/252 = 0.040."""
+def test_an_exploratory_comparison_has_no_holm_family_that_the_folder_makes() -> None:
+    """Seven rows, 5 seed-matched pairs each fully on one side of nope: each is its own test (sign-flip,
+    1/16), never adjusted by the rows beside it and never ordered; claims get their verdicts elsewhere
+    (`posab claims`, tests/test_claims.py)."""
     rows = group_rows(grid(ENCODINGS, corpus_from=5))
     everything = paired_differences(rows, references=["nope"]).frame
-    assert everything["p_holm"].tolist() == pytest.approx([7 * 2 / 252] * 7)
+    assert everything["p_seeds"].tolist() == pytest.approx([1 / 16] * 7)
+    assert everything["p_holm"].isna().all() and set(everything["family"]) == {"exploratory"}
     assert set(everything["verdict"]) == {SUGGESTIVE}
-    claims = [Claim("rope", "nope", "loss", 64), Claim("t5", "nope", "loss", 64)]
-    frame = paired_differences(rows, references=["nope"], claims=claims).frame
-    claimed = frame[frame["family"] == CLAIMS_FAMILY]
-    assert sorted(claimed["row"]) == ["rope", "t5"]
-    assert claimed["p_holm"].tolist() == pytest.approx([2 * 2 / 252] * 2) and set(claimed["verdict"]) == {
-        ORDERED
-    }
-    rest = frame[frame["family"] != CLAIMS_FAMILY]
-    assert rest["p_holm"].tolist() == pytest.approx([5 * 2 / 252] * 5)
 
 
 def write(path: Path, text: str) -> Path:
@@ -129,41 +121,21 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def test_a_claims_file_is_read_and_its_mistakes_are_named(tmp_path: Path) -> None:
-    good = write(
-        tmp_path / "claims.csv",
-        "row,reference,metric,length,corpus\nrope,nope,loss,64,\nt5,nope,loss_tail,4096,wikitext2\n",
-    )
-    assert read_claims(good, PAIRED_METRICS) == [
-        Claim("rope", "nope", "loss", 64),
-        Claim("t5", "nope", "loss_tail", 4096, "wikitext2"),
-    ]
-    bad = {
-        "row,reference,metric\nrope,nope,loss\n": r"no column \['length'\]",
-        "row,reference,metric,length\nrope,nope,ppl,64\n": "metric 'ppl'; metrics: loss, loss_tail",
-        "row,reference,metric,length\nrope,nope,loss,sixty\n": "line 2: length 'sixty' is not a positive",
-    }
-    for text, message in bad.items():
-        with pytest.raises(ReportError, match=message):
-            read_claims(write(tmp_path / "bad.csv", text), PAIRED_METRICS)
-    rows = group_rows(grid(("nope", "rope"), seeds=2, corpus_from=2))
-    with pytest.raises(ReportError, match=r"`fire` vs `nope`, loss/64 names no comparison.*rows: \['rope'\]"):
-        paired_differences(rows, references=["nope"], claims=[Claim("fire", "nope", "loss", 64)])
-
-
-def test_the_command_line_takes_a_claims_file_and_a_bad_one_writes_nothing(tmp_path: Path) -> None:
+def test_the_command_line_takes_claim_verdicts_and_a_missing_file_writes_nothing(tmp_path: Path) -> None:
     runs = grid(("nope", "rope", "t5"), seeds=3, corpus_from=3)
     write_csv(runs, tmp_path / "runs.csv")
-    claims = write(tmp_path / "claims.csv", "row,reference,metric,length\nrope,nope,loss,64\n")
-    assert (
-        report_cli(
-            [str(tmp_path), "--out", str(tmp_path / "out"), "--references", "nope", "--claims", str(claims)]
-        )
-        == 0
+    assert report_cli([str(tmp_path), "--out", str(tmp_path / "plain"), "--references", "nope"]) == 0
+    plain = pd.read_csv(tmp_path / "plain" / "paired_differences.csv", keep_default_na=False, dtype=str)
+    rope = plain[(plain["row"] == "rope") & (plain["corpus"] == "")].iloc[0]
+    verdicts = write(
+        tmp_path / "verdicts.csv",
+        f"claim,family,comparison,p_holm,verdict\np.1,p,{rope['comparison']},0.125,suggestive\n",
     )
+    arguments = [str(tmp_path), "--out", str(tmp_path / "out"), "--references", "nope", "--claims"]
+    assert report_cli([*arguments, str(verdicts)]) == 0
     frame = pd.read_csv(tmp_path / "out" / "paired_differences.csv", keep_default_na=False)
-    assert frame[frame["family"] == CLAIMS_FAMILY]["row"].tolist() == ["rope"]
-    assert "(0.100, claim)" in (tmp_path / "out" / "report.md").read_text()
-    wrong = write(tmp_path / "wrong.csv", "row,reference,metric,length\nkerple,nope,loss,64\n")
-    assert report_cli([str(tmp_path), "--out", str(tmp_path / "none"), "--claims", str(wrong)]) == 2
+    assert frame[frame["family"] == "p"]["row"].tolist() == ["rope"]
+    assert "(p.1: Holm 0.125)" in (tmp_path / "out" / "report.md").read_text()
+    missing = [str(tmp_path), "--out", str(tmp_path / "none"), "--claims", str(tmp_path / "no.csv")]
+    assert report_cli(missing) == 2
     assert not (tmp_path / "none").exists()

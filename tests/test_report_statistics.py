@@ -18,7 +18,15 @@ from test_report_paired import line, record, runs_of
 
 from posab.data import DataConfig, SyntheticConfig, prepare_data
 from posab.report.document import write_report
-from posab.report.flat import FLAT_RATIO, flat_counts, flat_section
+from posab.report.flat import (
+    FLAT_RATIO,
+    SENSITIVITY_RATIOS,
+    TAIL,
+    WHOLE,
+    RunRatio,
+    flat_counts,
+    flat_section,
+)
 from posab.report.grouping import group_rows
 from posab.report.records import PROVENANCE_KEYS, ReportError, RunRecord
 from posab.report.resampling import (
@@ -131,9 +139,10 @@ def test_an_end_within_its_monte_carlo_error_of_zero_is_unstable_and_orders_noth
     assert near.excludes_zero and near.unstable
     assert not Interval(0.02, 0.001, 0.05, 2000, 0.0005, 0.001).unstable
     assert Interval(0.0, -0.01, 0.0004, 2000, 0.0005, 0.0005).unstable  # contains 0, barely
-    assert verdict(True, 0.01) == ORDERED
-    assert verdict(True, 0.2) == verdict(False, 0.01) == SUGGESTIVE
-    assert verdict(False, 0.2) == "indistinguishable"
+    assert verdict(True, False, 0.01) == ORDERED
+    assert verdict(True, False, 0.2) == verdict(False, False, 0.01) == SUGGESTIVE
+    assert verdict(False, False, 0.2) == "indistinguishable"
+    assert verdict(False, True, 0.01) == "opposite"  # the interval on the side nobody claimed
 
 
 def seeds_apart(encoding: str, shift: float, seeds: int) -> list[RunRecord]:
@@ -148,27 +157,19 @@ def seeds_apart(encoding: str, shift: float, seeds: int) -> list[RunRecord]:
     ]
 
 
-def test_ordered_needs_the_interval_and_the_holm_adjusted_seed_test() -> None:
-    """5 vs 5 fully separated seeds: p = 2/252 each; two rows against nope, Holm doubles the smaller: still
-    < 0.05, ordered. 3 vs 3 can give no less than 0.1: suggestive at best."""
+def test_seed_matched_rows_are_compared_by_the_sign_flip_test_and_never_ordered_unclaimed() -> None:
+    """5 seed-matched pairs, every difference one way: the sign-flip p is 2/32 = 0.0625 two-sided whatever
+    the size of the difference; exploratory, so suggestive at most. 3 pairs: 2/8 = 0.25."""
     runs = seeds_apart("nope", 0.0, 5) + seeds_apart("rope", 0.1, 5) + seeds_apart("t5", 0.2, 5)
     frame = paired_differences(group_rows(runs), references=["nope"]).frame
     for arm in ("rope", "t5"):
         found = line(frame, arm, "nope", 64)
-        assert found["p_seeds"] == pytest.approx(2 / 252)
-        assert found["p_holm"] == pytest.approx(2 * 2 / 252)  # two equal p-values: both x 2
-        assert found["documents"] == 2 and found["excludes_zero"] and found["verdict"] == ORDERED
+        assert (found["design"], found["p_seeds"]) == ("seed-matched", pytest.approx(1 / 16))
+        assert pd.isna(found["p_holm"]) and found["family"] == "exploratory"
+        assert found["documents"] == 2 and found["excludes_zero"] and found["verdict"] == SUGGESTIVE
     few = [r for r in runs if r.seed is not None and r.seed < 3]
     frame = paired_differences(group_rows(few), references=["nope"]).frame
-    assert frame["p_seeds"].tolist() == pytest.approx([0.1, 0.1]) and set(frame["verdict"]) == {SUGGESTIVE}
-
-
-def test_holm_runs_over_the_rows_compared_with_one_reference_at_one_length() -> None:
-    runs = seeds_apart("nope", 0.0, 3) + seeds_apart("alibi", 0.05, 2) + seeds_apart("rope", 0.1, 3)
-    frame = paired_differences(group_rows(runs)).frame
-    for _, family in frame.groupby(["reference", "metric", "length"]):
-        assert family["p_holm"].tolist() == pytest.approx(holm(family["p_seeds"].tolist()))
-    assert len(frame[frame["reference"] == "nope"]) == 2 and len(frame[frame["reference"] == "alibi"]) == 2
+    assert frame["p_seeds"].tolist() == pytest.approx([0.25, 0.25]) and set(frame["verdict"]) == {SUGGESTIVE}
 
 
 def test_runs_without_window_documents_resample_windows_alone_and_the_report_says_so(tmp_path: Path) -> None:
@@ -179,8 +180,11 @@ def test_runs_without_window_documents_resample_windows_alone_and_the_report_say
     found = line(paired.frame, "rope", "nope", 512)
     assert pd.isna(found["documents"]) and paired.windows_only == {"s": ["`rope` vs `nope`"]}
     rounded = [np.array([r.windows["loss/512"] for r in runs if r.encoding == e]) for e in ("rope", "nope")]
-    expected = bootstrap_interval(*rounded)
-    assert (found["low"], found["high"]) == (expected.low, expected.high)
+    expected = bootstrap_interval(*rounded, paired=True)  # seeds 0 and 1 of both: seed-matched
+    assert found["design"] == "seed-matched" and (found["low"], found["high"]) == (
+        expected.low,
+        expected.high,
+    )
     report = write_report(runs, tmp_path).read_text()
     assert "No run of this study records each window's document" in report
     assert "every interval resamples the windows alone" in report
@@ -193,39 +197,54 @@ def test_runs_that_place_the_windows_in_different_documents_are_not_compared() -
     assert paired.frame.empty and "different documents" in paired.notes["s"][0]
 
 
-def ppl_run(encoding: str, seed: int, ppl: dict[int, float], study: str = "ablation") -> RunRecord:
-    """A finished run trained at 512 with these perplexities by length."""
-    metrics = {f"ppl/{n}": v for n, v in ppl.items()}
+def ppl_run(
+    encoding: str,
+    seed: int,
+    ppl: dict[int, float],
+    study: str = "ablation",
+    tail: dict[int, float] | None = None,
+) -> RunRecord:
+    """A finished run trained at 512 with these perplexities by length (`ppl/L`) and tail perplexities past
+    512 (`ppl_tail/L`)."""
+    metrics = {f"ppl/{n}": v for n, v in ppl.items()} | {f"ppl_tail/{n}": v for n, v in (tail or {}).items()}
     return finished_run(f"{encoding}-{seed}", encoding, seed, study, {"train.seq_len": "512"}, metrics)
 
 
-def test_a_run_is_flat_when_every_longer_length_stays_within_the_ratio(tmp_path: Path) -> None:
-    """ppl 5.0 at 512: 5.5 at 1,024 is 1.10 x (flat, the bound included); 5.51 at 2,048 is not; a run without
-    2,048 is not judged."""
+def test_a_run_is_flat_when_its_tail_at_every_longer_length_stays_within_the_ratio(tmp_path: Path) -> None:
+    """ppl 5.0 at 512: a tail of 5.5 at 1,024 is 1.10 x (flat, the bound included); 5.51 at 2,048 is not,
+    whatever the whole windows say; a run without 2,048 is not judged."""
     assert FLAT_RATIO == 1.10
+    assert SENSITIVITY_RATIOS == (1.05, 1.10, 1.20)
+    whole = {512: 5.0, 1024: 5.0, 2048: 5.0}
     runs = [
-        ppl_run("multiscale", 0, {512: 5.0, 1024: 5.5, 2048: 5.2}),
-        ppl_run("multiscale", 1, {512: 5.0, 1024: 5.0, 2048: 5.51}),
-        ppl_run("multiscale", 2, {512: 5.0, 1024: 5.0}),
-        *(ppl_run("alibi", seed, {512: 5.0, 1024: 5.0, 2048: 5.0}) for seed in (0, 1)),
+        ppl_run("multiscale", 0, {512: 5.0, 1024: 5.6, 2048: 5.1}, tail={1024: 5.5, 2048: 5.2}),
+        ppl_run("multiscale", 1, whole, tail={1024: 5.0, 2048: 5.51}),
+        ppl_run("multiscale", 2, {512: 5.0, 1024: 5.0}, tail={1024: 5.0}),
+        *(ppl_run("alibi", seed, whole, tail={1024: 5.0, 2048: 5.0}) for seed in (0, 1)),
     ]
     rows = group_rows(runs)["ablation"]
     counts = {c.row.label: c for c in flat_counts(rows)}
     multiscale, alibi = counts["multiscale"], counts["alibi"]
     assert (multiscale.k, multiscale.n, multiscale.disagree) == (1, 2, True)
     assert multiscale.flat == {"multiscale-0": True, "multiscale-1": False}
+    assert multiscale.ratios["multiscale-1"] == RunRatio(pytest.approx(5.51 / 5.0), TAIL)
     assert (alibi.k, alibi.n, alibi.disagree) == (2, 2, False)
     section = flat_section("ablation", rows)
     assert section[0] == "### Extrapolation: flat in k of n (study ablation)"
+    header = "| encoding, swept values | lengths | basis | flat | Wilson 95% | flat at 1.05 / 1.10 / 1.20 |"
+    assert section[2] == header + " per seed |"
     low, high = wilson_interval(1, 2)
-    assert f"| multiscale | 512 → 2048 (4×) | 1 of 2 | [{low:.2f}, {high:.2f}] | 0: flat, 1: not |" in section
+    assert (
+        f"| multiscale | 512 → 2048 (4×) | tail | 1 of 2 | [{low:.2f}, {high:.2f}] | 0 / 1 / 2 "
+        "| 0: flat 1.100, 1: not 1.102 |"
+    ) in section
     per_seed = section.index("`multiscale`: flat in 1 of 2 runs; each seed:")
     assert section[per_seed + 2 : per_seed + 7] == [
-        "| seed | ppl@512 | ppl@1024 | ppl@2048 | flat |",
-        "| --- | --- | --- | --- | --- |",
-        "| 0 | 5.00 | 5.50 | 5.20 | yes |",
-        "| 1 | 5.00 | 5.00 | 5.51 | no |",
-        "| 2 | 5.00 | 5.00 | — | — |",
+        "| seed | ppl@512 | tail@1024 | tail@2048 | flat | ratio |",
+        "| --- | --- | --- | --- | --- | --- |",
+        "| 0 | 5.00 | 5.50 | 5.20 | yes | 1.100 |",
+        "| 1 | 5.00 | 5.00 | 5.51 | no | 1.102 |",
+        "| 2 | 5.00 | 5.00 | — | — | — |",
     ]
     assert not any(text.startswith("`alibi`") for text in section)  # agreeing seeds: no per-seed table
     assert flat_section("short", group_rows([ppl_run("rope", 0, {512: 5.0}, "short")])["short"]) == []
@@ -235,6 +254,57 @@ def test_a_run_is_flat_when_every_longer_length_stays_within_the_ratio(tmp_path:
         < report.index("### Extrapolation: flat in k of n")
         < (report.index("## Plots"))
     )
+
+
+def test_a_break_in_the_tail_is_not_diluted_by_the_whole_window() -> None:
+    """ppl 4.0 at 512, 4.3 over whole windows of 4,096 (1.075 x: within the cutoff), but 4.9 on their
+    positions past 512 (1.225 x): not flat."""
+    runs = [ppl_run("nope", 0, {512: 4.0, 4096: 4.3}, tail={4096: 4.9})]
+    rows = group_rows(runs)["ablation"]
+    (count,) = flat_counts(rows)
+    assert count.ratios["nope-0"] == RunRatio(pytest.approx(1.225), TAIL)
+    assert (count.k, count.n, count.flat) == (0, 1, {"nope-0": False})
+    assert "| nope | 512 → 4096 (8×) | tail | 0 of 1 |" in flat_section("ablation", rows)[4]
+    assert flat_section("ablation", rows)[4].endswith("| 0 / 0 / 0 | 0: not 1.225 |")
+
+
+def test_the_count_is_shown_at_each_sensitivity_cutoff() -> None:
+    """Tail ratios 1.03, 1.08 and 1.15: flat in 1, 2 and 3 of 3 at 1.05, 1.10 and 1.20; k of n at 1.10."""
+    tails = (5.15, 5.4, 5.75)  # over 5.0 at 512: 1.03, 1.08, 1.15
+    runs = [ppl_run("nope", seed, {512: 5.0, 1024: 5.0}, tail={1024: t}) for seed, t in enumerate(tails)]
+    rows = group_rows(runs)["ablation"]
+    (count,) = flat_counts(rows)
+    assert [count.k_at(cutoff) for cutoff in SENSITIVITY_RATIOS] == [1, 2, 3]
+    assert (count.k, count.n) == (2, 3)
+    low, high = wilson_interval(2, 3)
+    assert (
+        f"| nope | 512 → 1024 (2×) | tail | 2 of 3 | [{low:.2f}, {high:.2f}] | 1 / 2 / 3 "
+        "| 0: flat 1.030, 1: flat 1.080, 2: not 1.150 |"
+    ) in flat_section("ablation", rows)
+
+
+def test_a_run_without_the_tail_is_judged_on_whole_windows_and_marked() -> None:
+    """Seed 0 has its tail, seed 1 only whole windows (evaluated before the tail was measured): seed 1 is
+    judged on ppl/L, and the row's basis and its per-seed table say so; a row of such runs alone is on
+    whole windows."""
+    runs = [
+        ppl_run("alibi", 0, {512: 5.0, 1024: 5.0}, tail={1024: 5.0}),
+        ppl_run("alibi", 1, {512: 5.0, 1024: 6.0}),
+        ppl_run("rope", 0, {512: 5.0, 1024: 5.2}),
+    ]
+    rows = group_rows(runs)["ablation"]
+    counts = {c.row.label: c for c in flat_counts(rows)}
+    assert counts["alibi"].ratios == {"alibi-0": RunRatio(1.0, TAIL), "alibi-1": RunRatio(1.2, WHOLE)}
+    assert counts["rope"].ratios == {"rope-0": RunRatio(pytest.approx(1.04), WHOLE)}
+    section = flat_section("ablation", rows)
+    assert "| alibi | 512 → 1024 (2×) | tail; whole windows: seed 1 | 1 of 2 |" in "\n".join(section)
+    assert "| rope | 512 → 1024 (2×) | whole windows | 1 of 1 |" in "\n".join(section)
+    per_seed = section.index("`alibi`: flat in 1 of 2 runs; each seed:")
+    assert section[per_seed + 4 : per_seed + 6] == [
+        "| 0 | 5.00 | 5.00 | yes | 1.000 |",
+        "| 1 | 5.00 | 6.00 (whole) | no | 1.200 |",
+    ]
+    assert any("whole windows" in line and line.startswith("- basis:") for line in section)
 
 
 def with_precision(run: RunRecord, precision: str, capability: str = "") -> RunRecord:

@@ -21,7 +21,8 @@ Modules, in the order data flows through them:
   hierarchical bootstrap, permutation test on the seeds, Holm's correction and verdicts, on `eval.split`
   and on each evaluation corpus
 - `claims`: a claims file (`--claims`), the comparisons a reading claims, Holm-corrected as their own family
-- `flat`: extrapolation as a count, flat in k of n runs with a Wilson interval
+- `flat`: extrapolation as a count, flat in k of n runs (judged on the tail past the training length) with
+  a Wilson interval and the counts at nearby cutoffs
 - `columns`, `markdown`: the metric catalog (each evaluator's columns) and the Markdown tables
 - `styles`, `figures`, `curves`: line styles; evaluation figures; training curves
 - `document`, `cli`: report.md and the report folder; the command line

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from posab.keys import key_lengths, metric_key
-from posab.report.flat import FlatCount, flat_count, seeds_in_order
+from posab.report.flat import FlatCount, flat_count, seeds_in_order, verdict_cells
 from posab.report.grouping import Row
 from posab.report.markdown import MISSING, markdown_table
 from posab.report.records import RunRecord
@@ -38,7 +38,8 @@ COLUMNS = (
 )
 LEGEND = (
     "audit by verdict: the runs that carry the extrapolation audit (`eval.extrapolation`), each with its "
-    "flat verdict (see above) and perplexities at T and at the longest length L",
+    "flat verdict and ratio (see above: on the tail past T) and its whole-window perplexities at T and at "
+    "the longest length L",
     "bias jump: the largest step of the additive bias past T over its range within T, largest head "
     "(`audit/bias_jump`); — for an encoding without an additive bias",
     "pull@L: the share of a head's bias-only attention (the last query of a window of L) that lies past T, "
@@ -71,8 +72,9 @@ def audit_section(study: str, rows: Sequence[Row]) -> list[str]:
     train_len, longest = counts[0].train_len, max(c.lengths[-1] for c in counts)
     headers = [column.header(train_len, longest) for column in COLUMNS]
     body = [line for count in counts for line in _run_lines(count, longest)]
-    header = ["encoding, swept values", "seed", "flat", f"ppl@{train_len}", f"ppl@{longest}", *headers]
-    lines = [f"### Extrapolation audit by verdict (study {study})", "", *markdown_table(header, body), ""]
+    header = ["encoding, swept values", "seed", "flat", "ratio", f"ppl@{train_len}", f"ppl@{longest}"]
+    lines = [f"### Extrapolation audit by verdict (study {study})", ""]
+    lines += [*markdown_table([*header, *headers], body), ""]
     split = [c for c in counts if c.disagree]
     if split:
         summary = [line for count in split for line in _verdict_means(count, longest)]
@@ -85,11 +87,6 @@ def _value(run: RunRecord, key: str, fmt: str) -> str:
     return format(run.metrics[key], fmt) if key in run.metrics else MISSING
 
 
-def _verdict(count: FlatCount, run: RunRecord) -> str:
-    flat = count.flat.get(run.name)
-    return MISSING if flat is None else "yes" if flat else "no"
-
-
 def _run_lines(count: FlatCount, longest: int) -> list[list[str]]:
     t = count.train_len
     ppl = [metric_key("ppl", t), metric_key("ppl", longest)]
@@ -97,7 +94,7 @@ def _run_lines(count: FlatCount, longest: int) -> list[list[str]]:
         [
             count.row.label,
             "?" if run.seed is None else str(run.seed),
-            _verdict(count, run),
+            *verdict_cells(count, run),
             *(_value(run, key, ".2f") for key in ppl),
             *(_value(run, c.key(t, longest), c.fmt) for c in COLUMNS),
         ]

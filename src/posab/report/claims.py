@@ -1,16 +1,24 @@
-"""A stated family of claims: the comparisons a study's reading rests on, corrected among themselves.
+"""Claims: the comparisons a study's reading rests on, each stated once, in a declared family, with the
+direction it expects and the commit it was written at.
 
-Holm's correction over every row compared with a reference (nine or more comparisons in the main grid) asks
-more of each comparison than the few a reading actually claims need: at 5 vs 5 seeds the smallest exact
-permutation p is 2 / 252 = 0.0079, and 0.0079 x 9 > 0.05, so no ordering could ever pass. A claims file
-names the comparisons a study's reading tests (written before the runs that decide them, e.g. before a
-new seed), and the report corrects them as one family of their own (Holm 1979 within it; Bender & Lange
-2001, "Adjusting for multiple testing -- when and how?", on a confirmatory family of stated hypotheses);
-every other comparison stays in its exploratory family (one reference, metric, length and corpus).
+Holm's correction over every row compared with a reference asks more of each comparison than the few a
+reading needs, and a family made of whatever rows share a report folder gives one comparison a different
+p in every folder. So a claim's family is declared, once: a claims file (`results/study/claims/*.csv`, one
+per study part) lists each claim, and `claim_verdicts` tests each family over the whole study's runs
+(Holm 1979 within it; Bender & Lange 2001 on a confirmatory family of stated hypotheses). Every report
+that holds a claimed comparison shows that verdict (`posab report --claims`); every other comparison is
+exploratory and never `ordered`.
 
-The file is CSV with the header `row,reference,metric,length` and, optionally, `corpus` (empty or absent:
-`eval.split`) and `study` (empty or absent: any study); rows and references are row labels as report.md
-heads them.
+Columns: `family`; `row` and `reference`, selectors `key=value; key=value` over a run's `encoding`,
+`experiment`, `precision`, `seed` and config keys (`encoding.clamp=train`), which pick the study's finished
+runs that match every pair; `metric` (loss, loss_tail), `length`, `corpus` (empty: `eval.split`);
+`direction` (`less`: the row's loss is lower than the reference's; `greater`); `status` (`preregistered`:
+written before the runs that test it, as `registered` says; `post-hoc`: chosen after seeing them, whose
+verdict is at most `suggestive`); `registered` (the commit the claim was written at, first, then when and
+what had run); `statement` (the sentence the claim makes, as the readings quote it).
+
+A claim's p is one-sided, in its stated direction: the direction was fixed before the runs, so a two-sided
+test would spend half its level on an outcome nobody claimed. Exploratory comparisons are two-sided.
 """
 
 from __future__ import annotations
@@ -21,28 +29,82 @@ from pathlib import Path
 
 import pandas as pd
 
-from posab.report.records import ReportError
+from posab.report.grouping import PRECISION, Row
+from posab.report.records import ReportError, RunRecord
+from posab.report.resampling import holm
 
-CLAIMS_FAMILY = "claims"  # the `family` of every comparison a claims file names
-REQUIRED = ("row", "reference", "metric", "length")
-OPTIONAL = ("corpus", "study")
+REQUIRED = (
+    "family",
+    "row",
+    "reference",
+    "metric",
+    "length",
+    "direction",
+    "status",
+    "registered",
+    "statement",
+)
+OPTIONAL = ("corpus",)
+DIRECTIONS = ("less", "greater")
+PREREGISTERED, POST_HOC = "preregistered", "post-hoc"
+STATUSES = (PREREGISTERED, POST_HOC)
+INFO_FIELDS = ("experiment", PRECISION)  # selector keys read from a run's info, not its config
+VERDICTS_FILE = "verdicts.csv"  # what `posab claims` writes beside the claims files
+
+
+@dataclass(frozen=True)
+class Selector:
+    """`key=value` pairs a run must all match: its encoding, seed, experiment, precision or config keys."""
+
+    pairs: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> Selector:
+        items = [item.strip() for item in text.split(";") if item.strip()]
+        bad = [item for item in items if "=" not in item]
+        if not items or bad:
+            raise ReportError(
+                f"{where}: selector {text!r} is not `key=value; key=value` (e.g. encoding=alibi)"
+            )
+        return cls(tuple(tuple(part.strip() for part in item.split("=", 1)) for item in items))  # type: ignore[misc]
+
+    def matches(self, run: RunRecord) -> bool:
+        return all(_value(run, key) == value for key, value in self.pairs)
+
+    def __str__(self) -> str:
+        return "; ".join(f"{k}={v}" for k, v in self.pairs)
+
+
+def _value(run: RunRecord, key: str) -> str:
+    if key == "encoding":
+        return run.encoding
+    if key == "seed":
+        return "" if run.seed is None else str(run.seed)
+    if key in INFO_FIELDS:
+        return run.info.get(key, "")
+    return run.config.get(key, "")
 
 
 @dataclass(frozen=True)
 class Claim:
     """One stated comparison: `row` against `reference` in `metric` at `length` on `corpus`."""
 
-    row: str
-    reference: str
+    id: str  # FAMILY.N: the N-th claim of its family in its file
+    family: str
+    row: Selector
+    reference: Selector
     metric: str
     length: int
-    corpus: str = ""  # "": the runs' eval.split
-    study: str = ""  # "": whichever study has the comparison
+    corpus: str
+    direction: str
+    status: str
+    registered: str
+    statement: str
 
 
 def read_claims(path: Path, metrics: Sequence[str]) -> list[Claim]:
-    """The claims of a CSV file; an unreadable file, a missing column, a metric not in `metrics` or a length
-    that is not a positive integer is an error naming the line and what would be valid."""
+    """The claims of one CSV file; an unreadable file, a missing column, or a value out of its set is an
+    error naming the line and what would be valid."""
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (OSError, ValueError) as err:
@@ -52,62 +114,83 @@ def read_claims(path: Path, metrics: Sequence[str]) -> list[Claim]:
         raise ReportError(
             f"claims file {path}: no column {missing}; columns: {', '.join(REQUIRED + OPTIONAL)}"
         )
-    claims = [_claim(path, number, line) for number, line in enumerate(frame.to_dict("records"), start=2)]
-    _check_metrics(claims, metrics)
+    counts: dict[str, int] = {}
+    claims = []
+    for number, line in enumerate(frame.to_dict("records"), start=2):
+        counts[line["family"]] = counts.get(line["family"], 0) + 1
+        claims.append(_claim(f"claims file {path}, line {number}", line, counts[line["family"]], metrics))
     return claims
 
 
-def _claim(path: Path, number: int, line: dict[str, str]) -> Claim:
-    where = f"claims file {path}, line {number}"
+def _claim(where: str, line: dict[str, str], index: int, metrics: Sequence[str]) -> Claim:
+    checks = {"metric": metrics, "direction": DIRECTIONS, "status": STATUSES}
+    for column, valid in checks.items():
+        if line[column] not in valid:
+            raise ReportError(f"{where}: {column} {line[column]!r}; valid: {', '.join(valid)}")
     if not line["length"].isdigit() or int(line["length"]) == 0:
         raise ReportError(f"{where}: length {line['length']!r} is not a positive integer (e.g. 512)")
+    if not line["family"] or not line["registered"]:
+        raise ReportError(f"{where}: a claim needs its family and where it was registered (`registered`)")
     return Claim(
-        line["row"],
-        line["reference"],
+        f"{line['family']}.{index}",
+        line["family"],
+        Selector.parse(line["row"], where),
+        Selector.parse(line["reference"], where),
         line["metric"],
         int(line["length"]),
-        *(line.get(c, "") for c in OPTIONAL),
+        line.get("corpus", ""),
+        line["direction"],
+        line["status"],
+        line["registered"],
+        line["statement"],
     )
 
 
-def _check_metrics(claims: Sequence[Claim], metrics: Sequence[str]) -> None:
-    for claim in claims:
-        if claim.metric not in metrics:
-            raise ReportError(
-                f"claim {describe(claim)}: metric {claim.metric!r}; metrics: {', '.join(metrics)}"
-            )
+def read_claims_dir(folder: Path, metrics: Sequence[str]) -> list[Claim]:
+    """Every claims file of a study (`*.csv` but VERDICTS_FILE), in name order; a family declared in two
+    files is an error (a family is declared once)."""
+    files = sorted(p for p in folder.glob("*.csv") if p.name != VERDICTS_FILE)
+    if not files:
+        raise ReportError(f"no claims file (*.csv) in {folder}")
+    claims: list[Claim] = []
+    owner: dict[str, Path] = {}
+    for path in files:
+        for claim in read_claims(path, metrics):
+            if owner.setdefault(claim.family, path) != path:
+                raise ReportError(
+                    f"family {claim.family!r} is declared in {owner[claim.family]} and in {path}"
+                )
+            claims.append(claim)
+    return claims
 
 
 def describe(claim: Claim) -> str:
-    """`multiscale vs alibi, loss/512` (on CORPUS, in study S where given)."""
+    """`[row] vs [reference], metric/length` (on CORPUS)."""
     text = f"`{claim.row}` vs `{claim.reference}`, {claim.metric}/{claim.length}"
-    return (
-        text
-        + (f" on {claim.corpus}" if claim.corpus else "")
-        + (f" in study {claim.study}" if claim.study else "")
-    )
+    return text + (f" on {claim.corpus}" if claim.corpus else "")
 
 
-def claim_mask(frame: pd.DataFrame, claims: Sequence[Claim]) -> pd.Series:
-    """Which comparisons of `frame` (paired-difference lines) a claim names; a claim that names none is an
-    error listing the rows and references the frame has."""
-    mask = pd.Series(False, index=frame.index)
-    for claim in claims:
-        hit = (
-            (frame["row"] == claim.row)
-            & (frame["reference"] == claim.reference)
-            & (frame["metric"] == claim.metric)
-            & (frame["length"] == claim.length)
-            & (frame["corpus"] == claim.corpus)
+def claim_rows(claim: Claim, pool: Sequence[RunRecord]) -> tuple[Row, Row]:
+    """The claim's two rows from a study's finished runs: those each selector matches, one run per seed; a
+    selector that matches none, or two runs of one seed, is an error naming the claim."""
+    rows = []
+    for selector in (claim.row, claim.reference):
+        runs = [r for r in pool if r.finished and selector.matches(r)]
+        seeds = [r.seed for r in runs]
+        twice = sorted({s for s in seeds if seeds.count(s) > 1}, key=str)
+        if not runs or twice:
+            problem = "matches no finished run" if not runs else f"matches two runs of seed(s) {twice}"
+            raise ReportError(f"claim {claim.id} ({describe(claim)}): `{selector}` {problem}")
+        study = runs[0].study
+        rows.append(
+            Row(study, str(selector), runs[0].encoding, "", sorted(runs, key=lambda r: (r.seed, r.name)))
         )
-        if claim.study:
-            hit &= frame["study"] == claim.study
-        if not hit.any():
-            rows = sorted(set(frame["row"]))
-            references = sorted(set(frame["reference"]))
-            raise ReportError(
-                f"claim {describe(claim)} names no comparison of this report; rows: {rows}; "
-                f"references: {references}"
-            )
-        mask |= hit
-    return mask
+    return rows[0], rows[1]
+
+
+def family_holm(frame: pd.DataFrame) -> pd.Series:
+    """Each claim's one-sided p Holm-adjusted within its family (`p_claim` -> `p_holm`)."""
+    adjusted = pd.Series(float("nan"), index=frame.index)
+    for _, index in frame.groupby("family", sort=False).groups.items():
+        adjusted.loc[index] = holm(frame.loc[index, "p_claim"].tolist())
+    return adjusted

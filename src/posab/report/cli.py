@@ -7,12 +7,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from posab.report.claims import read_claims
 from posab.report.document import write_report
 from posab.report.records import ReportError, RunRecord
 from posab.report.rundirs import find_runs, load_run, run_names
 from posab.report.runs_csv import load_csv
-from posab.report.stats import PAIRED_METRICS, PAIRED_REFERENCES
+from posab.report.stats import PAIRED_REFERENCES
+from posab.report.verdicts import read_verdicts
 
 
 def collect_runs(paths: Sequence[Path]) -> list[RunRecord]:
@@ -87,14 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--claims",
         type=Path,
         metavar="CSV",
-        help="the comparisons the study's reading claims (row,reference,metric,length[,corpus][,study]), "
-        "Holm-corrected as a family of their own (posab.report.claims)",
+        help="the study's claim verdicts (`posab claims` writes results/study/claims/verdicts.csv): a "
+        "comparison of this report that a claim names takes its family, Holm p and verdict from it",
     )
     args = parser.parse_args(argv)
     try:
-        claims = read_claims(args.claims, PAIRED_METRICS) if args.claims else []
+        claimed = read_verdicts(args.claims) if args.claims else {}
         runs = selected(collect_runs(args.paths), args.encodings, args.experiments)
-        report = write_report(runs, args.out, args.references, claims)
+        report = write_report(runs, args.out, args.references, claimed)
     except ReportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

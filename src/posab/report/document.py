@@ -13,7 +13,6 @@ from pathlib import Path
 import pandas as pd
 
 from posab.report.audit import audit_section
-from posab.report.claims import CLAIMS_FAMILY, Claim
 from posab.report.curves import plot_training_curves, trained_rows
 from posab.report.figures import plot_needle, plot_position_loss, plot_ppl_vs_length, plot_shift
 from posab.report.flat import flat_section
@@ -33,22 +32,30 @@ from posab.report.rundirs import join_nonempty
 from posab.report.runs_csv import write_csv
 from posab.report.stats import (
     ALPHA,
+    EXPLORATORY,
     INDISTINGUISHABLE,
+    OPPOSITE,
     ORDERED,
     PAIRED_REFERENCES,
+    SAME_WEIGHTS,
+    SEED_MATCHED,
     SUGGESTIVE,
+    UNPAIRED,
+    ClaimedLines,
     PairedDifferences,
     paired_differences,
     reference_rows,
 )
 
 PAIRED_CSV = "paired_differences.csv"
-PER_METRIC = ("95% interval", "excludes 0", "p seeds (Holm)", "verdict")  # after each metric's Δ
+PER_METRIC = ("95% interval", "excludes 0", "p seeds", "verdict")  # after each metric's Δ
 PAIRED_HEADER = (
     "encoding, swept values",
     "vs",
     "length",
+    "design",
     "seeds",
+    "unmatched",
     "Δ loss",
     *PER_METRIC,
     "Δ tail loss",
@@ -59,32 +66,41 @@ PAIRED_LEGEND = (
     "evaluation windows) minus the reference's, nats per token; negative = lower loss than the reference",
     "Δ tail loss: the same for the loss on the positions past the training length (`loss_tail/L`); "
     f"{MISSING} at the training length and below",
-    "seeds: the row's finished runs vs the reference's",
-    "95% interval: 2.5th and 97.5th percentiles of a hierarchical paired bootstrap (Efron & Tibshirani "
+    f"design: `{SAME_WEIGHTS}` (the two rows are the same trained models read two ways: every pair of runs "
+    f"of one seed has the same training and validation loss to the last bit), `{SEED_MATCHED}` (runs of one "
+    "seed under one training protocol: a seed fixes the training windows and their order for every "
+    "encoding, and the shared weights' initialisation for the encodings without parameters of their own), "
+    f"`{UNPAIRED}` (fewer than two seeds in common, or different protocols)",
+    "seeds: the runs compared, row vs reference (a paired design compares the seeds both rows have)",
+    "unmatched: what differs between the compared runs besides the arm: precision, cpu (model), kernels "
+    "(torch's CPU capability), commit (the training's); `?` where some run did not record it; `matched` "
+    "when none differs (`posab.report.matching`)",
+    "95% interval: 2.5th and 97.5th percentiles of a hierarchical bootstrap (Efron & Tibshirani "
     "1993; Davison & Hinkley 1997, §3.8). Each draw resamples with replacement (1) the documents of the "
     f"evaluation text (`{WINDOW_DOCUMENTS_COLUMN}`: the document holding most of each window's targets), as "
     "many as there are; (2) within each drawn document, as many of its windows as it holds, the same "
-    "documents and windows for the row and its reference (every run scored the same windows: the pairing); "
-    "(3) each row's seeds, independently per row (a row of one seed adds no seed-to-seed variation). Its "
-    "value is the mean over the drawn windows of the row's drawn-seed mean minus the reference's. Draws are "
-    f"added {BATCH:,} at a time until the Monte Carlo error of both ends is below {MC_BOUND} nats, or "
+    "documents and windows for the row and its reference (every run scored the same windows); (3) the "
+    "seeds: for a paired design the pairs, one draw for both rows; unpaired, each row's seeds on their own. "
+    "Its value is the mean over the drawn windows of the row's drawn-seed mean minus the reference's. Draws "
+    f"are added {BATCH:,} at a time until the Monte Carlo error of both ends is below {MC_BOUND} nats, or "
     f"{MAX_DRAWS:,} draws are made; an end's Monte Carlo error is half the width of the order-statistic "
     "95% confidence interval of its percentile",
     "excludes 0: yes when the interval lies wholly above 0 or wholly below 0, no when it contains 0; "
     "`(unstable)` when 0 lies within an end ± its Monte Carlo error, so that more draws could change it",
-    "p seeds (Holm): an exact two-sided permutation test (Good 2005) on the per-seed means (each run's mean "
-    "loss over the windows): twice the smaller one-sided p, each the share of the C(a + b, a) splits of the "
-    "a + b runs into groups of a and b whose difference of means is at least (at most) the observed one "
-    f"(above {EXACT_SPLITS} runs: {PERMUTATIONS:,} random splits, Monte Carlo error <= 0.003 at p = 0.05). "
-    "In parentheses, Holm's (1979) adjustment over the family of comparisons with the same reference, in the "
-    "same metric, at the same length, on the same corpus (every row of the study compared with it); `claim`: "
-    "a comparison the claims file (`--claims`) names, adjusted over those claims alone "
-    "(`posab.report.claims`). Fully separated seeds give the smallest p there is: 2 / C(a + b, a), "
-    "0.1 at 3 vs 3, 0.2 at 2 vs 3, 1/3 at 2 vs 2, 1 at 1 vs 1",
-    f"verdict: `{ORDERED}` when the interval excludes 0 (and is not unstable) and the Holm-adjusted p < "
-    f"{ALPHA}; `{SUGGESTIVE}` when one of the two holds; `{INDISTINGUISHABLE}` when neither does",
-    f"`{PAIRED_CSV}`: every comparison, with the seeds of each row, the numbers of windows and documents, "
-    "the draws, the Monte Carlo error of each end, both p-values and the verdict",
+    "p seeds: the design's exact two-sided test on the seeds. Paired: the sign-flip test on the per-seed "
+    "differences (each run's mean loss over the windows, row minus reference; every one of the 2^n sign "
+    "assignments; five pairs that all point one way give 1/16). Unpaired: the permutation test on the "
+    "per-seed means (every split of the a + b runs into groups of a and b; fully separated seeds give "
+    f"2 / C(a + b, a)). Above {EXACT_SPLITS} runs, {PERMUTATIONS:,} random draws. A claimed comparison "
+    "adds, in parentheses, its claim, and its one-sided p Holm-adjusted within the claim's declared family "
+    "(`results/study/claims/`, `posab claims`): the same number in every report that holds it",
+    f"verdict: for a claimed comparison, its claim's (`{ORDERED}`, `{SUGGESTIVE}`, `{OPPOSITE}` or "
+    f"`{INDISTINGUISHABLE}`: the claims' legend); for every other one, exploratory: `{SUGGESTIVE}` when the "
+    f"interval excludes 0 or p seeds < {ALPHA} (unadjusted), else `{INDISTINGUISHABLE}`, and never "
+    f"`{ORDERED}`: it depends on its runs alone, not on the rows beside it in the folder",
+    f"`{PAIRED_CSV}`: every comparison, with its design, test, unmatched factors and id (`comparison`: the "
+    "runs compared, metric, length and corpus), the runs of each row, the numbers of windows and documents, "
+    "the draws, the Monte Carlo error of each end, the p-values, the family and claim, and the verdict",
 )
 
 Plot = tuple[str, Callable[[Path], Path | None], str]  # (file name, draw into a path, why it may be skipped)
@@ -200,14 +216,19 @@ def _code_lines(runs: Sequence[RunRecord]) -> list[str]:
 
 
 def _paired_cells(line: pd.Series | None) -> list[str]:
-    """Difference, interval, `excludes 0`, p-values and verdict of one comparison; MISSING for none."""
+    """Difference, interval, `excludes 0`, p-value and verdict of one comparison; MISSING for none."""
     if line is None:
         return [MISSING] * 5
     interval = f"[{line['low']:+.3f}, {line['high']:+.3f}]"
     excludes = ("yes" if line["excludes_zero"] else "no") + (" (unstable)" if line["unstable"] else "")
-    claim = ", claim" if line["family"] == CLAIMS_FAMILY else ""
-    p_values = f"{line['p_seeds']:.3f} ({line['p_holm']:.3f}{claim})"
-    return [f"{line['difference']:+.3f}", interval, excludes, p_values, str(line["verdict"])]
+    claimed = f" ({line['claim']}: Holm {line['p_holm']:.3f})" if line["family"] != EXPLORATORY else ""
+    return [
+        f"{line['difference']:+.3f}",
+        interval,
+        excludes,
+        f"{line['p_seeds']:.3f}{claimed}",
+        str(line["verdict"]),
+    ]
 
 
 def paired_table(frame: pd.DataFrame) -> list[str]:
@@ -219,7 +240,9 @@ def paired_table(frame: pd.DataFrame) -> list[str]:
         loss, tail = (_paired_cells(by_metric.get(metric)) for metric in ("loss", "loss_tail"))
         first = group.iloc[0]
         seeds = f"{first['seeds_row']} vs {first['seeds_reference']}"
-        body.append([row, reference, str(length), seeds, *loss, *tail])
+        design = f"{first['design']}"
+        marks = first["unmatched"] or "matched"
+        body.append([row, reference, str(length), design, seeds, marks, *loss, *tail])
     return markdown_table(PAIRED_HEADER, body)
 
 
@@ -335,14 +358,14 @@ def write_report(
     runs: Sequence[RunRecord],
     out_dir: Path,
     references: Sequence[str] = PAIRED_REFERENCES,
-    claims: Sequence[Claim] = (),
+    claimed: ClaimedLines | None = None,
 ) -> Path:
     """Write report.md, runs.csv, paired_differences.csv (where there are paired differences against the
-    `references` rows; `claims` corrected as a family of their own), the plots and configs/ into
-    `out_dir`; returns the report.md path."""
+    `references` rows; a comparison `claimed` names, by id, takes its claim's verdict), the plots and
+    configs/ into `out_dir`; returns the report.md path."""
     table = group_rows(runs)
     _check_references(table, references)
-    paired = paired_differences(table, references, claims)  # a claim that names nothing: before any write
+    paired = paired_differences(table, references, claimed)
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = [r for r in runs if not r.finished]
     lines = _provenance(runs, len(failed))

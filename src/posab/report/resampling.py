@@ -1,12 +1,14 @@
 """The tests behind the paired differences and the flat counts: a hierarchical bootstrap with its Monte Carlo
-error, an exact permutation test on the seeds, Holm's correction and Wilson's interval.
+error, exact permutation tests on the seeds (unpaired and paired), Holm's correction and Wilson's interval.
 
 - `bootstrap_interval`: arm minus reference in mean per-window loss, with a 95% percentile interval (Efron &
   Tibshirani 1993, ch. 13) of a hierarchical bootstrap (Davison & Hinkley 1997, §3.8): documents of the
   evaluation text, windows within each drawn document (the same draws for both rows: the pairing), and
-  each row's seeds, independently. Batches of draws are added until the Monte Carlo error of both interval
-  ends is below a bound, or a cap is reached.
-- `permutation_p`: the seed-level test, on each run's mean loss over the windows (Good 2005).
+  each row's seeds, independently (`paired=True`: the pairs of runs, one draw for both rows). Batches of
+  draws are added until the Monte Carlo error of both interval ends is below a bound, or a cap is reached.
+- `permutation_p`: the seed-level test of unpaired rows, on each run's mean loss over the windows (Good 2005).
+- `sign_flip_p`: the seed-level test of paired rows (the same weights, or runs matched by seed), on the
+  per-seed differences of those means (Good 2005, ch. 3: the paired permutation test, every sign flipped).
 - `holm`: Holm's (1979) step-down adjustment of a family of p-values.
 - `wilson_interval`: Wilson's (1927) score interval of a proportion k of n.
 """
@@ -73,11 +75,21 @@ def _seed_weights(seeds: int, draws: int, rng: np.random.Generator) -> np.ndarra
 
 
 def replicates(
-    arm: np.ndarray, reference: np.ndarray, documents: np.ndarray, draws: int, rng: np.random.Generator
+    arm: np.ndarray,
+    reference: np.ndarray,
+    documents: np.ndarray,
+    draws: int,
+    rng: np.random.Generator,
+    paired: bool = False,
 ) -> np.ndarray:
     """(draws,) bootstrap replicates of the mean over the drawn windows of (arm's drawn-seed mean minus the
-    reference's), from per-window losses (seeds, W) of two rows that scored the same W windows."""
+    reference's), from per-window losses (seeds, W) of two rows that scored the same W windows. `paired`:
+    run i of the arm and run i of the reference are one pair (the same weights, or the same seed), and one
+    draw of the pairs weighs both rows, so the replicate is the mean of the drawn pairs' differences."""
     counts = window_counts(documents, draws, rng).astype(np.float64)  # (draws, W)
+    if paired:
+        weights = _seed_weights(len(arm), draws, rng)  # (draws, pairs)
+        return ((counts @ (arm - reference).T) * weights).sum(axis=1) / counts.sum(axis=1)
     arm_sums = ((counts @ arm.T) * _seed_weights(len(arm), draws, rng)).sum(axis=1)  # (draws, a) -> (draws,)
     ref_sums = ((counts @ reference.T) * _seed_weights(len(reference), draws, rng)).sum(axis=1)
     return (arm_sums - ref_sums) / counts.sum(axis=1)
@@ -100,17 +112,19 @@ def bootstrap_interval(
     documents: np.ndarray | None = None,
     bound: float = MC_BOUND,
     cap: int = MAX_DRAWS,
+    paired: bool = False,
 ) -> Interval:
     """Arm minus reference in mean loss over seeds and windows, and its 95% percentile interval from
     `replicates`, drawn BATCH at a time until the Monte Carlo error of both ends is below `bound` or `cap`
     draws are made. `documents` (W,): the document of each window; None: each window is its own document,
-    which resamples the windows alone. The generator is seeded (`default_rng(0)`): the same losses give the
+    which resamples the windows alone. `paired`: the rows' runs are pairs in order (`replicates`). The
+    generator is seeded (`default_rng(0)`): the same losses give the
     same interval."""
     rng = np.random.default_rng(0)
     units = np.arange(arm.shape[1]) if documents is None else np.asarray(documents)
     ordered = np.empty(0)
     while True:
-        batch = np.sort(replicates(arm, reference, units, min(BATCH, cap), rng))
+        batch = np.sort(replicates(arm, reference, units, min(BATCH, cap), rng, paired))
         ordered = np.sort(np.concatenate([ordered, batch]), kind="stable")  # a merge of two sorted runs
         errors = [percentile_mc_error(ordered, p) for p in LEVEL]
         if max(errors) < bound or len(ordered) >= cap:
@@ -120,13 +134,14 @@ def bootstrap_interval(
     return Interval(difference, float(low), float(high), len(ordered), errors[0], errors[1])
 
 
-def permutation_p(arm: Sequence[float], reference: Sequence[float]) -> float:
-    """Two-sided permutation test of the difference in means of two samples (Good 2005, ch. 3), as twice
-    the smaller one-sided p (at most 1). A one-sided p is the share of the splits of the pooled values into
-    groups of their sizes whose difference of means is at least (at most) the observed one. Exact, over
-    every one of the C(a + b, a) splits, for a + b <= EXACT_SPLITS: fully separated samples give
-    2 / C(a + b, a) whatever their values (0.1 at 3 vs 3, 0.2 at 2 vs 3, 1/3 at 2 vs 2), the least there is.
-    Beyond, PERMUTATIONS random splits, each one-sided p = (1 + hits) / (1 + n)."""
+def permutation_p(arm: Sequence[float], reference: Sequence[float], alternative: str = "two-sided") -> float:
+    """Permutation test of the difference in means of two samples (Good 2005, ch. 3). A one-sided p is the
+    share of the splits of the pooled values into groups of their sizes whose difference of means is at
+    most (`less`) or at least (`greater`) the observed one; `two-sided` is twice the smaller (at most 1).
+    Exact, over every one of the C(a + b, a) splits, for a + b <= EXACT_SPLITS: fully separated samples give
+    2 / C(a + b, a) two-sided whatever their values (0.1 at 3 vs 3, 0.2 at 2 vs 3, 1/3 at 2 vs 2), the least
+    there is. Beyond, PERMUTATIONS random splits, each one-sided p = (1 + hits) / (1 + n)."""
+    _check_side(alternative)
     pooled = np.asarray([*arm, *reference], dtype=np.float64)
     size, total = len(arm), pooled.sum()
     observed = pooled[:size].mean() - pooled[size:].mean()
@@ -138,9 +153,48 @@ def permutation_p(arm: Sequence[float], reference: Sequence[float]) -> float:
         splits = rng.permuted(np.tile(np.arange(len(pooled)), (PERMUTATIONS, 1)), axis=1)[:, :size]
     sums = pooled[splits].sum(axis=1)  # (C,)
     statistics = sums / size - (total - sums) / (len(pooled) - size)  # (C,)
-    hits = min(int((statistics >= observed - TIE).sum()), int((statistics <= observed + TIE).sum()))
-    one_sided = hits / len(splits) if exact else (1 + hits) / (1 + len(splits))
-    return min(1.0, 2 * one_sided)
+    return _sided_p(statistics, observed, exact, alternative)
+
+
+def _sided_p(statistics: np.ndarray, observed: float, exact: bool, alternative: str) -> float:
+    """The p of `alternative` from a test's statistics under every (or `PERMUTATIONS` random)
+    rearrangements: the share at most / at least the observed one, or twice the smaller."""
+    low = int((statistics <= observed + TIE).sum())
+    high = int((statistics >= observed - TIE).sum())
+
+    def share(hits: int) -> float:
+        return hits / len(statistics) if exact else (1 + hits) / (1 + len(statistics))
+
+    if alternative == "less":
+        return share(low)
+    if alternative == "greater":
+        return share(high)
+    return min(1.0, 2 * share(min(low, high)))
+
+
+def _check_side(alternative: str) -> None:
+    if alternative not in SIDES:
+        raise ValueError(f"alternative {alternative!r}; valid: {', '.join(SIDES)}")
+
+
+SIDES = ("two-sided", "less", "greater")  # alternatives: arm - reference != 0, < 0, > 0
+
+
+def sign_flip_p(differences: Sequence[float], alternative: str = "two-sided") -> float:
+    """Permutation test of paired differences (Good 2005, ch. 3): under the null each pair's two runs are
+    exchangeable, so each difference's sign is a fair coin. The statistic is the mean difference; a
+    one-sided p is the share of the 2^n sign assignments whose mean is at most (`less`) or at least
+    (`greater`) the observed one, and `two-sided` is twice the smaller (at most 1). Exact for n <=
+    EXACT_SPLITS pairs: five pairs that all point one way give 1/32 one-sided, 1/16 two-sided, the least
+    there is at n = 5. Beyond, PERMUTATIONS random assignments, each one-sided p = (1 + hits) / (1 + n)."""
+    _check_side(alternative)
+    values = np.asarray(differences, dtype=np.float64)
+    exact = len(values) <= EXACT_SPLITS
+    if exact:
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=len(values))))  # (2^n, n)
+    else:
+        signs = np.random.default_rng(0).choice((1.0, -1.0), size=(PERMUTATIONS, len(values)))
+    return _sided_p((signs * values).mean(axis=1), float(values.mean()), exact, alternative)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

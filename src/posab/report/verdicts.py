@@ -1,0 +1,107 @@
+"""The study's claims tested once: every claims file's claims, over every run of the study, one verdict each.
+
+`claim_verdicts` pools the finished runs of every report folder of a study (a run copied into two folders is
+one run: the same name, the same per-window losses), builds each claim's two rows from its selectors,
+compares them as `posab.report.stats` does (the design, its interval and its test, one-sided in the stated
+direction), and Holm-adjusts within each declared family. `posab claims STUDY_DIR` writes the result,
+`claims/verdicts.csv`, and the generated readings (`claims_section`); `posab report --claims
+claims/verdicts.csv` gives each claimed comparison of a report that verdict, so a comparison has one
+verdict wherever it is reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from posab.report.claims import POST_HOC, Claim, claim_rows, family_holm
+from posab.report.records import ReportError, RunRecord
+from posab.report.runs_csv import load_csv
+from posab.report.stats import ORDERED, SUGGESTIVE, compare_one, verdict
+
+VERDICT_COLUMNS = (
+    "claim",
+    "family",
+    "status",
+    "statement",
+    "row",
+    "reference",
+    "metric",
+    "length",
+    "corpus",
+    "direction",
+    "design",
+    "test",
+    "unmatched",
+    "comparison",
+    "seeds_row",
+    "seeds_reference",
+    "difference",
+    "low",
+    "high",
+    "p_claim",  # the design's test, one-sided in the claim's direction
+    "p_holm",  # p_claim Holm-adjusted within the family
+    "verdict",
+    "registered",
+)
+CLAIMED_FIELDS = ("family", "claim", "p_holm", "verdict")  # what a report takes from a claim's line
+
+
+def study_pool(study_dir: Path) -> list[RunRecord]:
+    """The finished runs of every report folder under `study_dir` (`*/runs.csv`), each once: a run found in
+    two folders must have the same per-window losses there, or it is an error naming it."""
+    pool: dict[str, RunRecord] = {}
+    for path in sorted(study_dir.glob("*/runs.csv")):
+        for run in load_csv(path):
+            seen = pool.setdefault(run.name, run)
+            if seen is not run and seen.windows != run.windows:
+                raise ReportError(f"run {run.name} differs between two folders of {study_dir} (its windows)")
+    return [r for r in pool.values() if r.finished]
+
+
+def claim_verdicts(claims: Sequence[Claim], pool: Sequence[RunRecord]) -> pd.DataFrame:
+    """One line per claim (VERDICT_COLUMNS): its comparison over the pool's runs, its one-sided p, Holm
+    within its family, and its verdict (`claim_verdict`)."""
+    lines = [_claim_line(claim, pool) for claim in claims]
+    frame = pd.DataFrame(lines)
+    frame["p_holm"] = family_holm(frame)
+    frame["verdict"] = [claim_verdict(line) for _, line in frame.iterrows()]
+    return frame[list(VERDICT_COLUMNS)]
+
+
+def _claim_line(claim: Claim, pool: Sequence[RunRecord]) -> dict[str, Any]:
+    arm, reference = claim_rows(claim, pool)
+    line = compare_one(arm, reference, claim.metric, claim.length, claim.corpus, claim.direction)
+    return {
+        **line,
+        "claim": claim.id,
+        "family": claim.family,
+        "status": claim.status,
+        "statement": claim.statement,
+        "direction": claim.direction,
+        "registered": claim.registered,
+    }
+
+
+def claim_verdict(line: Mapping[str, Any]) -> str:
+    """`verdict` on the claimed side (`direction`), capped at SUGGESTIVE for a POST_HOC claim."""
+    stable = not line["unstable"]
+    below, above = stable and line["high"] < 0, stable and line["low"] > 0
+    claimed, other = (below, above) if line["direction"] == "less" else (above, below)
+    found = verdict(claimed, other, float(line["p_holm"]))
+    return SUGGESTIVE if found == ORDERED and line["status"] == POST_HOC else found
+
+
+def read_verdicts(path: Path) -> dict[str, dict[str, Any]]:
+    """A verdicts.csv as `paired_differences` takes it: comparison id -> CLAIMED_FIELDS."""
+    try:
+        frame = pd.read_csv(path, dtype={"comparison": str}, keep_default_na=False)
+    except (OSError, ValueError) as err:
+        raise ReportError(f"verdicts file {path}: unreadable ({err}); `posab claims` writes it") from err
+    return {
+        line["comparison"]: {**{k: line[k] for k in CLAIMED_FIELDS}, "p_holm": float(line["p_holm"])}
+        for line in frame.to_dict("records")
+    }

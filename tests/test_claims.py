@@ -1,0 +1,157 @@
+"""Claims declared once: claims files, their families tested over a study's runs (`posab claims`), the
+generated readings, and the committed study held to them (one comparison, one verdict, in every folder)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_report_designs import base_losses, run
+
+from posab.report.claims import read_claims, read_claims_dir
+from posab.report.readings import BEGIN, END, claims_section, replace_block
+from posab.report.records import ReportError, RunRecord
+from posab.report.runs_csv import write_csv
+from posab.report.stats import OPPOSITE, ORDERED, PAIRED_METRICS, SAME_WEIGHTS, SUGGESTIVE
+from posab.report.verdicts import claim_verdicts, study_pool
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = ROOT / "results" / "study"
+HEADER = "family,row,reference,metric,length,corpus,direction,status,registered,statement\n"
+
+
+def claims_file(tmp_path: Path, lines: list[str], name: str = "p.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(HEADER + "".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def clamp_pool(shift: float = -0.05) -> list[RunRecord]:
+    """Five same-weights pairs: the clamped runs read each note-form run's weights, `shift` lower in every
+    window; and ALiBi, seed-matched, equal to the note-form runs."""
+    same = {s: (2.0 + s, 2.5 + s) for s in range(5)}
+    note = [run("multiscale", s, base_losses(s), same[s], {"encoding.clamp": "null"}) for s in range(5)]
+    clamped = [
+        run("multiscale", s, [v + shift for v in base_losses(s)], same[s], {"encoding.clamp": "train"})
+        for s in range(5)
+    ]
+    for r in clamped:
+        r.name += "-clamped"
+    return note + clamped + [run("alibi", s, base_losses(s)) for s in range(5)]
+
+
+NOTE, CLAMPED = "encoding=multiscale; encoding.clamp=null", "encoding=multiscale; encoding.clamp=train"
+CLAMP = f"multiscale,{CLAMPED},{NOTE},loss,512,,less"
+VS_ALIBI = f"multiscale,{NOTE},encoding=alibi,loss,512,,less"
+
+
+def test_a_preregistered_claim_alone_in_its_family_is_ordered_at_one_in_thirty_two(tmp_path: Path) -> None:
+    claims = read_claims(
+        claims_file(tmp_path, [CLAMP + ",preregistered,abc1234,the clamp helps"]), PAIRED_METRICS
+    )
+    line = claim_verdicts(claims, clamp_pool()).iloc[0]
+    assert (line["claim"], line["design"]) == ("multiscale.1", SAME_WEIGHTS)
+    assert line["p_claim"] == pytest.approx(1 / 32) and line["p_holm"] == pytest.approx(1 / 32)
+    assert line["verdict"] == ORDERED
+
+
+def test_a_second_claim_in_the_family_costs_the_first_its_order(tmp_path: Path) -> None:
+    lines = [CLAMP + ",preregistered,abc1234,s1", VS_ALIBI + ",preregistered,abc1234,s2"]
+    frame = claim_verdicts(read_claims(claims_file(tmp_path, lines), PAIRED_METRICS), clamp_pool())
+    assert frame["p_holm"].iloc[0] == pytest.approx(2 / 32)  # Holm over two: 2 x 1/32
+    assert frame["verdict"].iloc[0] == SUGGESTIVE  # the interval holds, the family-wise test does not
+
+
+def test_a_post_hoc_claim_is_at_most_suggestive_and_a_reversed_one_is_opposite(tmp_path: Path) -> None:
+    post_hoc = read_claims(claims_file(tmp_path, [CLAMP + ",post-hoc,abc1234,s"]), PAIRED_METRICS)
+    assert claim_verdicts(post_hoc, clamp_pool())["verdict"].iloc[0] == SUGGESTIVE
+    registered = read_claims(claims_file(tmp_path, [CLAMP + ",preregistered,abc1234,s"]), PAIRED_METRICS)
+    assert claim_verdicts(registered, clamp_pool(shift=+0.05))["verdict"].iloc[0] == OPPOSITE
+
+
+def test_a_bad_claims_file_is_an_error_naming_the_line_and_the_valid_values(tmp_path: Path) -> None:
+    bad = claims_file(tmp_path, [CLAMP.replace(",less", ",lower") + ",preregistered,abc,s"])
+    with pytest.raises(ReportError, match=r"line 2: direction 'lower'; valid: less, greater"):
+        read_claims(bad, PAIRED_METRICS)
+    claims_file(tmp_path, [CLAMP + ",post-hoc,abc,s"], "a.csv")
+    claims_file(tmp_path, [VS_ALIBI + ",post-hoc,abc,s"], "b.csv")
+    (tmp_path / "p.csv").unlink()
+    with pytest.raises(ReportError, match="family 'multiscale' is declared in"):
+        read_claims_dir(tmp_path, PAIRED_METRICS)
+    nothing = read_claims(
+        claims_file(tmp_path, [VS_ALIBI.replace("alibi", "t5") + ",post-hoc,abc,s"]), PAIRED_METRICS
+    )
+    with pytest.raises(ReportError, match="`encoding=t5` matches no finished run"):
+        claim_verdicts(nothing, clamp_pool())
+
+
+def test_the_study_pool_takes_a_run_copied_into_two_folders_once_and_refuses_two_versions(
+    tmp_path: Path,
+) -> None:
+    pool = clamp_pool()
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        write_csv(pool, tmp_path / folder / "runs.csv")
+    assert len(study_pool(tmp_path)) == len(pool)
+    changed = [r for r in pool if r.name != "alibi-0"] + [run("alibi", 0, [9.0] * 4)]
+    write_csv(changed, tmp_path / "b" / "runs.csv")
+    with pytest.raises(ReportError, match="run alibi-0 differs between two folders"):
+        study_pool(tmp_path)
+
+
+def test_a_claims_block_is_replaced_between_its_markers_and_its_absence_is_an_error() -> None:
+    text = f"intro\n{BEGIN}\nold\n{END}\noutro\n"
+    assert replace_block(text, ["new"], "R") == f"intro\n{BEGIN}\nnew\n{END}\noutro\n"
+    with pytest.raises(ReportError, match="R: no claims block"):
+        replace_block("intro\n", ["new"], "R")
+
+
+# The committed study, held to its claims.
+
+VERDICTS = STUDY / "claims" / "verdicts.csv"
+
+
+def committed_verdicts() -> pd.DataFrame:
+    return pd.read_csv(VERDICTS, dtype={"comparison": str}, keep_default_na=False)
+
+
+def block_of(path: Path) -> str:
+    text = path.read_text(encoding="utf-8")
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+
+@pytest.mark.parametrize("readme", [ROOT / "README.md", STUDY / "README.md"], ids=["README", "study README"])
+def test_the_readings_claims_block_is_what_the_verdicts_give(readme: Path) -> None:
+    assert block_of(readme) == "\n".join(claims_section(committed_verdicts()))
+
+
+def test_every_report_of_the_study_gives_one_comparison_one_verdict() -> None:
+    frames = [
+        pd.read_csv(p, dtype={"comparison": str}) for p in sorted(STUDY.glob("*/paired_differences.csv"))
+    ]
+    lines = pd.concat(frames, ignore_index=True)
+    verdicts = lines.groupby("comparison")[["verdict", "p_seeds", "family"]].nunique()
+    assert (verdicts <= 1).all().all(), verdicts[(verdicts > 1).any(axis=1)]
+    claimed = committed_verdicts().set_index("comparison")["verdict"]
+    reported = lines[lines["comparison"].isin(claimed.index)]
+    assert (reported["verdict"] == claimed[reported["comparison"]].to_numpy()).all()
+    assert set(lines.loc[lines["family"] == "exploratory", "verdict"]) <= {SUGGESTIVE, "indistinguishable"}
+
+
+HISTORY = "<!-- history -->"  # a paragraph that quotes an earlier reading as it was, marked as such
+VERDICT_WORDS = re.compile(r"\b(ordered|tested)\b")
+CLAIM_ID = re.compile(r"\b(part\w+\.\d+)\b")
+
+
+@pytest.mark.parametrize("readme", [ROOT / "README.md", STUDY / "README.md"], ids=["README", "study README"])
+def test_a_sentence_says_ordered_or_tested_only_beside_a_claim_whose_test_says_so(readme: Path) -> None:
+    text = readme.read_text(encoding="utf-8")
+    prose = text.split(BEGIN, 1)[0] + text.split(END, 1)[1]
+    ordered = set(committed_verdicts().query("verdict == @ORDERED")["claim"])
+    for paragraph in re.split(r"\n\s*\n", prose):
+        words = re.sub(r"`[^`]*`", "", paragraph)  # `ordered` in backticks names the verdict, claims nothing
+        if VERDICT_WORDS.search(words) and HISTORY not in paragraph:
+            cited = set(CLAIM_ID.findall(paragraph))
+            assert cited and cited <= ordered, f"{readme.name}: {paragraph[:300]!r}"
