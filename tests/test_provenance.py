@@ -5,9 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
-from posab.provenance import PACKAGES, cpu_capability, cpu_model, package_versions, start_provenance
+from posab.provenance import (
+    PACKAGES,
+    cpu_capability,
+    cpu_model,
+    math_isa,
+    package_versions,
+    start_provenance,
+)
 
 NOW = {"git_commit": "b" * 40, "git_dirty": False}
 
@@ -43,3 +51,16 @@ def test_the_cpu_model_is_read_from_cpuinfo(tmp_path: Path) -> None:
     assert cpu_model(info) == "AMD EPYC 9R14"
     info.write_text("processor\t: 0\n")  # some architectures name no model
     assert cpu_model(info) == "" and cpu_model(tmp_path / "missing") == ""
+
+
+def test_the_math_libraries_isa_settings_are_recorded_since_torchs_capability_does_not_bind_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n")
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    line = math_isa(info)
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in line and "MKL_ENABLE_INSTRUCTIONS=unset" in line
+    assert line.endswith("cpu: avx2 avx512f avx512_bf16") and "oneDNN v" in line
+    assert math_isa(tmp_path / "missing").endswith("cpu: ")

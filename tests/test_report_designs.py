@@ -13,6 +13,7 @@ from posab.report.grouping import group_rows
 from posab.report.matching import comparison_id, unmatched
 from posab.report.records import RunRecord
 from posab.report.resampling import bootstrap_interval, permutation_p, sign_flip_p
+from posab.report.same_weights import same_weights_section
 from posab.report.stats import (
     EXPLORATORY,
     ORDERED,
@@ -131,3 +132,29 @@ def test_a_claimed_comparison_takes_its_claims_verdict_in_the_report(tmp_path: P
     frame = paired_differences(group_rows(reference + arm), references=["alibi"], claimed=claimed).frame
     line = frame.iloc[0]
     assert (line["family"], line["claim"], line["verdict"]) == ("p1", "p1.1", ORDERED)
+
+
+def ppl_pair(seed: int, tail_before: float, tail_after: float) -> tuple[RunRecord, RunRecord]:
+    """One model read without and with the clamp: the same losses in training, its perplexity past 512."""
+    training = (2.0 + seed, 2.5 + seed)
+    pair = []
+    for clamp, tail in (("null", tail_before), ("train", tail_after)):
+        record = run(
+            "multiscale", seed, base_losses(seed), training, {"encoding.clamp": clamp, "train.seq_len": "512"}
+        )
+        record.name += f"-{clamp}"
+        record.metrics |= {"ppl/512": 4.0, "ppl/1024": tail, "ppl_tail/1024": tail}
+        record.metrics["audit/bias_pull@1024"] = 0.9 if clamp == "null" else 0.0
+        pair.append(record)
+    return pair[0], pair[1]
+
+
+def test_same_weights_rows_get_a_line_per_model_and_the_count_of_runs_that_change_kind() -> None:
+    pairs = [ppl_pair(0, 6.0, 4.1), ppl_pair(1, 4.1, 4.0), ppl_pair(2, 4.2, 4.1)]
+    rows = group_rows([r for pair in pairs for r in pair])["s"]
+    section = "\n".join(same_weights_section("s", rows))
+    assert "`multiscale, encoding.clamp=null` → `multiscale, encoding.clamp=train`" in section
+    assert (
+        "broken → flat in 1, flat → broken in 0, flat both ways in 2, broken both ways in 0, of 3" in section
+    )
+    assert "| 0 | 4.00 → 4.00 | 6.00 → 4.10 | 0.900 → 0.000 | broken 1.500 → flat 1.025 |" in section

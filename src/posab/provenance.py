@@ -4,6 +4,8 @@ installed packages, and the CPU kernels torch dispatches to (which set summation
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -53,6 +55,39 @@ def package_versions() -> dict[str, str]:
 def cpu_capability() -> str:
     """The CPU kernel set torch uses (DEFAULT, AVX2, AVX512, ...; `ATEN_CPU_CAPABILITY` lowers it)."""
     return str(torch.backends.cpu.get_cpu_capability())
+
+
+# Environment settings that bind the math libraries' instruction sets: `ATEN_CPU_CAPABILITY` sets torch's
+# own kernels only; MKL (matmul) and oneDNN (some convolutions, bf16 matmul) dispatch on their own unless
+# these cap them (oneDNN's `ONEDNN_MAX_CPU_ISA` / older `DNNL_MAX_CPU_ISA`; MKL's `MKL_ENABLE_INSTRUCTIONS`,
+# and `MKL_CBWR` for reproducible code paths).
+ISA_SETTINGS = (
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "MKL_CBWR",
+)
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # the CPU flags those choose among
+
+
+def math_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """What sets the instruction sets of torch's math libraries: each of ISA_SETTINGS (`unset` where the
+    environment leaves it), the MKL and oneDNN versions torch was built with, and which of ISA_FLAGS the CPU
+    has, as one line ("ONEDNN_MAX_CPU_ISA=unset ... | MKL 2024.2 | oneDNN v3.12.0 | cpu: avx2 avx512f").
+    With a library's setting unset, it uses the best the CPU has, whatever torch's capability says."""
+    settings = " ".join(f"{name}={os.environ.get(name, 'unset')}" for name in ISA_SETTINGS)
+    built = torch.__config__.show()
+    mkl = re.search(r"Math Kernel Library Version (\S+)", built)
+    onednn = re.search(r"MKL-DNN (v[\d.]+)", built)
+    try:
+        flags = set(
+            " ".join(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")).split()
+        )
+    except OSError:
+        flags = set()
+    libraries = [f"MKL {mkl.group(1) if mkl else 'none'}", f"oneDNN {onednn.group(1) if onednn else 'none'}"]
+    return " | ".join([settings, *libraries, "cpu: " + " ".join(f for f in ISA_FLAGS if f in flags)])
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:

@@ -30,6 +30,7 @@ from posab.report.records import (
 from posab.report.resampling import BATCH, EXACT_SPLITS, MAX_DRAWS, MC_BOUND, PERMUTATIONS
 from posab.report.rundirs import join_nonempty
 from posab.report.runs_csv import write_csv
+from posab.report.same_weights import same_weights_section
 from posab.report.stats import (
     ALPHA,
     EXPLORATORY,
@@ -190,6 +191,8 @@ def _provenance(runs: Sequence[RunRecord], failed: int) -> list[str]:
         f"- Machine(s): {_counted(r.info['machine'] for r in runs)}",
         f"- Device, precision: {_counted(devices)}",
         f"- CPU capability (torch's kernels): {_counted(r.info.get('cpu_capability', '') for r in runs)}",
+        f"- Math libraries (MKL, oneDNN: their ISA settings, versions, the CPU's flags): "
+        f"{_counted(r.info.get('math_isa', '') for r in runs)}",
         f"- Package versions: {_counted(r.info.get('versions', '') for r in runs)}",
         f"- Wall time: {wall_time_line(runs)}",
         "",
@@ -370,7 +373,11 @@ def write_report(
     failed = [r for r in runs if not r.finished]
     lines = _provenance(runs, len(failed))
     for study, rows in table.items():
-        section = [*flat_section(study, rows), *audit_section(study, rows)]
+        section = [
+            *flat_section(study, rows),
+            *same_weights_section(study, rows),
+            *audit_section(study, rows),
+        ]
         section += _paired_section(study, paired, references)
         lines += [f"## Study `{study}`", "", *study_table(rows), "", *section]
     if table:

@@ -64,12 +64,17 @@ def _differs(arm: Sequence[str], reference: Sequence[str], paired: bool) -> bool
     return bool(known_arm and known_reference and known_arm != known_reference)
 
 
+def run_key(run: RunRecord) -> str:
+    """A run's name with its training and validation loss: the same run in every folder that holds it, and
+    two runs apart where two sweeps gave their jobs one directory name."""
+    return f"{run.name}@{run.metrics.get('train_loss')!r}/{run.metrics.get('val_loss')!r}"
+
+
 def comparison_id(
     arm: Sequence[RunRecord], reference: Sequence[RunRecord], metric: str, length: int, corpus: str
 ) -> str:
-    """Twelve hex digits naming the comparison: the runs of each side (by name, in order), metric, length
-    and corpus, whatever order a folder lists the runs in. Run names are a study's own (one name, one run, in
-    every folder that holds it)."""
-    names = [",".join(sorted(r.name for r in side)) for side in (arm, reference)]
+    """Twelve hex digits naming the comparison: the runs of each side (`run_key`), metric, length and
+    corpus, whatever order a folder lists the runs in."""
+    names = [",".join(sorted(run_key(r) for r in side)) for side in (arm, reference)]
     text = "|".join([*names, metric, str(length), corpus])
     return hashlib.sha256(text.encode()).hexdigest()[:12]

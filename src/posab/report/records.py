@@ -13,6 +13,7 @@ PROVENANCE_KEYS = (  # recorded by newer runs; empty in runs.csv files written b
     "git_dirty_start",
     "resumed_from_step",  # the step the last attempt resumed from; null: not resumed
     "cpu_capability",  # torch's CPU kernel set: DEFAULT, AVX2, AVX512, ...
+    "math_isa",  # what sets MKL's and oneDNN's instruction sets (posab.provenance.math_isa)
     "versions",  # the installed dependencies: "torch=2.13.0+cpu numpy=2.1.3 ..."
 )
 # RunRecord.info's keys: where and how the run ran

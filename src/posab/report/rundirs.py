@@ -161,7 +161,7 @@ def _provenance(results: dict[str, Any], machine: dict[str, Any]) -> dict[str, s
     """PROVENANCE_KEYS as cells: JSON scalars as JSON writes them (`true`, `null`, `400`), the versions as
     `name=version` pairs of the installed packages; "" where results.json predates the key."""
     recorded = {k: results[k] for k in PROVENANCE_KEYS if k in results}
-    recorded |= {k: machine[k] for k in ("cpu_capability", "versions") if k in machine}
+    recorded |= {k: machine[k] for k in ("cpu_capability", "math_isa", "versions") if k in machine}
     cells = {k: v if isinstance(v, str) else json.dumps(v) for k, v in recorded.items() if k != "versions"}
     if isinstance(recorded.get("versions"), dict):
         cells["versions"] = " ".join(f"{name}={v}" for name, v in recorded["versions"].items() if v)

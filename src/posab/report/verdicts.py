@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from posab.report.claims import POST_HOC, Claim, claim_rows, family_holm
+from posab.report.matching import run_key
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import load_csv
 from posab.report.stats import ORDERED, SUGGESTIVE, compare_one, verdict
@@ -51,12 +52,12 @@ CLAIMED_FIELDS = ("family", "claim", "p_holm", "verdict")  # what a report takes
 
 
 def study_pool(study_dir: Path) -> list[RunRecord]:
-    """The finished runs of every report folder under `study_dir` (`*/runs.csv`), each once: a run found in
-    two folders must have the same per-window losses there, or it is an error naming it."""
+    """The finished runs of every report folder under `study_dir` (`*/runs.csv`), each once (`run_key`): a
+    run found in two folders must have the same per-window losses there, or it is an error naming it."""
     pool: dict[str, RunRecord] = {}
     for path in sorted(study_dir.glob("*/runs.csv")):
         for run in load_csv(path):
-            seen = pool.setdefault(run.name, run)
+            seen = pool.setdefault(run_key(run), run)
             if seen is not run and seen.windows != run.windows:
                 raise ReportError(f"run {run.name} differs between two folders of {study_dir} (its windows)")
     return [r for r in pool.values() if r.finished]

@@ -26,7 +26,14 @@ from posab.errors import ConfigError, Preempted
 from posab.io import write_json
 from posab.logging import JsonlLogger, Logger, MultiLogger, NullLogger
 from posab.passkey.mix import KeyLossMeter, PasskeyMix
-from posab.provenance import code_provenance, cpu_capability, cpu_model, package_versions, start_provenance
+from posab.provenance import (
+    code_provenance,
+    cpu_capability,
+    cpu_model,
+    math_isa,
+    package_versions,
+    start_provenance,
+)
 from posab.run.directory import (
     CHECKPOINTS,
     keep_finished_run,
@@ -196,6 +203,7 @@ def run_header(cfg: Config) -> dict[str, Any]:
             "threads": torch.get_num_threads(),
             "cpu_capability": cpu_capability(),
             "cpu_model": cpu_model(),
+            "math_isa": math_isa(),
             "versions": package_versions(),
         },
     }
