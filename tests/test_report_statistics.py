@@ -348,6 +348,7 @@ RESULTS = {
     "precision": "bf16",
     "machine": {
         "cpu_capability": "AVX512",
+        "math_isa": "ONEDNN_MAX_CPU_ISA=unset | MKL 2024.2 | oneDNN v3.12.0 | cpu: avx2",
         "versions": {"torch": "2.13.0+cpu", "numpy": "2.1.3", "wandb": ""},
     },
 }
@@ -365,6 +366,7 @@ def test_the_provenance_columns_round_trip_through_runs_csv(tmp_path: Path) -> N
         "git_dirty_start": "true",
         "resumed_from_step": "400",
         "cpu_capability": "AVX512",
+        "math_isa": "ONEDNN_MAX_CPU_ISA=unset | MKL 2024.2 | oneDNN v3.12.0 | cpu: avx2",
         "versions": "torch=2.13.0+cpu numpy=2.1.3",  # an uninstalled package is left out
     }
     write_csv([loaded], tmp_path / "runs.csv")
