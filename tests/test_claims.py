@@ -4,13 +4,14 @@ generated readings, and the committed study held to them (one comparison, one ve
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from test_report_designs import base_losses, run
 
-from posab.report.claims import read_claims, read_claims_dir
+from posab.report.claims import claim_rows, read_claims, read_claims_dir
 from posab.report.readings import BEGIN, END, claims_section, replace_block
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
@@ -155,3 +156,49 @@ def test_a_sentence_says_ordered_or_tested_only_beside_a_claim_whose_test_says_s
         if VERDICT_WORDS.search(words) and HISTORY not in paragraph:
             cited = set(CLAIM_ID.findall(paragraph))
             assert cited and cited <= ordered, f"{readme.name}: {paragraph[:300]!r}"
+
+
+@pytest.fixture(scope="module")
+def committed_pool() -> list[RunRecord]:
+    return study_pool(STUDY)
+
+
+def test_the_committed_verdicts_recompute_from_the_claims_files_and_the_runs(
+    committed_pool: list[RunRecord],
+) -> None:
+    claims = read_claims_dir(STUDY / "claims", PAIRED_METRICS)
+    recomputed = claim_verdicts(claims, committed_pool)
+    committed = committed_verdicts()
+    assert recomputed["claim"].tolist() == committed["claim"].tolist()
+    assert recomputed["verdict"].tolist() == committed["verdict"].tolist()
+    assert recomputed["comparison"].tolist() == committed["comparison"].tolist()
+    assert recomputed["p_holm"].to_numpy() == pytest.approx(committed["p_holm"].to_numpy(), rel=1e-9)
+
+
+def _is_ancestor(commit: str, of: str) -> bool | None:
+    """Whether `commit` is `of` or an ancestor of it in this checkout; None when git cannot tell."""
+    try:
+        found = subprocess.run(
+            ["git", "merge-base", "--is-ancestor", commit, of], cwd=ROOT, capture_output=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {0: True, 1: False}.get(found.returncode)
+
+
+def test_a_preregistered_claim_was_registered_at_or_before_the_commit_its_runs_started_from(
+    committed_pool: list[RunRecord],
+) -> None:
+    claims = [c for c in read_claims_dir(STUDY / "claims", PAIRED_METRICS) if c.status == "preregistered"]
+    checked = 0
+    for claim in claims:
+        registered = claim.registered.split()[0]
+        for row in claim_rows(claim, committed_pool):
+            for record in row.runs:
+                started = record.info.get("git_commit_start") or record.info["git_commit"]
+                answer = _is_ancestor(registered, started)
+                if answer is None:
+                    pytest.skip(f"git cannot tell whether {registered} precedes {started} in this checkout")
+                assert answer, f"{claim.id}: run {record.name} started from {started}, before {registered}"
+                checked += 1
+    assert checked >= 2 * len(claims)
