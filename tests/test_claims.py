@@ -13,6 +13,7 @@ from test_report_designs import base_losses, run
 
 from posab.report.claims import claim_rows, read_claims, read_claims_dir
 from posab.report.readings import BEGIN, END, claims_section, replace_block
+from posab.report.readings import main as claims_main
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
 from posab.report.stats import OPPOSITE, ORDERED, PAIRED_METRICS, SAME_WEIGHTS, SUGGESTIVE
@@ -202,3 +203,24 @@ def test_a_preregistered_claim_was_registered_at_or_before_the_commit_its_runs_s
                 assert answer, f"{claim.id}: run {record.name} started from {started}, before {registered}"
                 checked += 1
     assert checked >= 2 * len(claims)
+
+
+def test_posab_claims_writes_the_verdicts_the_readme_and_the_blocks_and_a_bad_file_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "part").mkdir()
+    write_csv(clamp_pool(), tmp_path / "part" / "runs.csv")
+    (tmp_path / "claims").mkdir()
+    claims_file(tmp_path / "claims", [CLAMP + ",preregistered,abc1234,the clamp helps"])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Study\n{BEGIN}\nstale block\n{END}\n", encoding="utf-8")
+    assert claims_main([str(tmp_path), "--write", str(readme)]) == 0
+    verdicts = pd.read_csv(tmp_path / "claims" / "verdicts.csv")
+    assert verdicts["verdict"].tolist() == [ORDERED]
+    assert "| multiscale.1 | the clamp helps |" in readme.read_text()
+    assert "stale block" not in readme.read_text()
+    assert (tmp_path / "claims" / "README.md").read_text().startswith("# The study's claims, tested")
+    claims_file(tmp_path / "claims", [CLAMP.replace("loss,", "ppl,") + ",preregistered,abc1234,s"], "q.csv")
+    (tmp_path / "claims" / "verdicts.csv").unlink()
+    assert claims_main([str(tmp_path), "--write", str(readme)]) == 2
+    assert not (tmp_path / "claims" / "verdicts.csv").exists()
