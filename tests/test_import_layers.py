@@ -16,7 +16,7 @@ PACKAGE = ROOT / "src" / "posab"
 # Bottom to top. A module is named by its dotted path below posab; a package (`encodings`) covers its
 # submodules, except those listed by their own name (`run.summary`, `passkey.stage`).
 LAYERS: list[set[str]] = [
-    {"errors", "io", "results", "paths", "outputs", "plots", "keys", "run.summary"},  # no torch
+    {"errors", "io", "results", "paths", "outputs", "plots", "keys", "job_names", "run.summary"},  # no torch
     {"device", "distributed", "encodings", "attention", "data", "provenance", "passkey", "passkey.examples"},
     {"model"},
     {"training", "logging", "wandb_logger", "passkey.mix", "passkey.stage"},  # training
