@@ -27,8 +27,8 @@ LEGEND = (
     "training windows in the same order), `unpaired`; test: the exact sign-flip test on the per-seed "
     f"differences (paired designs, exact up to {EXACT_SPLITS} pairs) or the exact permutation test on the "
     "per-seed means (unpaired)",
-    "p: one-sided, in the claim's stated direction (stated before its runs, so a two-sided test would spend "
-    "half its level on the outcome nobody claimed); five pairs that all point the claimed way give 1/32; "
+    "p: one-sided, in the claim's stated direction (a claim states one, so a two-sided test would spend half "
+    "its level on the outcome nobody claimed); five pairs that all point the claimed way give 1/32; "
     "Holm: adjusted within the claim's declared family, whichever folder reports it",
     f"verdict: `ordered` when the interval excludes 0 on the claimed side and Holm < {ALPHA}; `suggestive` "
     "when one of the two holds; `opposite` when the interval excludes 0 on the other side; else "
