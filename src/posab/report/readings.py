@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from posab.io import write_text
 from posab.report.claims import VERDICTS_FILE, read_claims_dir
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError
@@ -120,11 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ReportError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    frame.to_csv(folder / VERDICTS_FILE, index=False, encoding="utf-8")
-    (folder / "README.md").write_text(
-        "\n".join(["# The study's claims, tested", "", *block, ""]), encoding="utf-8"
-    )
+    write_text(folder / VERDICTS_FILE, frame.to_csv(index=False))
+    write_text(folder / "README.md", "\n".join(["# The study's claims, tested", "", *block, ""]))
     for path, text in texts.items():
-        path.write_text(text, encoding="utf-8")
+        write_text(path, text)
     print(f"{folder / VERDICTS_FILE}: {len(frame)} claims in {frame['family'].nunique()} families")
     return 0

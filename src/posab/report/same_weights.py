@@ -15,7 +15,7 @@ from posab.report.flat import FLAT_RATIO, RunRatio, run_ratio
 from posab.report.grouping import Row
 from posab.report.markdown import MISSING, markdown_table
 from posab.report.records import SEQ_LEN_KEY, RunRecord
-from posab.report.stats import SAME_WEIGHTS, pairing
+from posab.report.stats import SAME_WEIGHTS, Pairing, pairing
 
 PULL_KEY = "audit/bias_pull@{length}"  # the largest head's share of bias-only attention past L_train
 LEGEND = (
@@ -29,18 +29,19 @@ LEGEND = (
 )
 
 
-def same_weight_pairs(rows: Sequence[Row]) -> list[tuple[Row, Row]]:
-    """Every two rows (in row order) whose runs are the same weights, scaling views left out."""
+def same_weight_pairs(rows: Sequence[Row]) -> list[tuple[Row, Row, Pairing]]:
+    """Every two rows (in row order) whose runs are the same weights, with their pairing; scaling views
+    left out."""
     plain = [row for row in rows if not row.scaling]
-    return [(a, b) for a, b in combinations(plain, 2) if pairing(a.runs, b.runs).design == SAME_WEIGHTS]
+    pairs = [(a, b, pairing(a.runs, b.runs)) for a, b in combinations(plain, 2)]
+    return [(a, b, pair) for a, b, pair in pairs if pair.design == SAME_WEIGHTS]
 
 
 def same_weights_section(study: str, rows: Sequence[Row]) -> list[str]:
     """The study's same-weights pairs, one table per pair and corpus, with the count of runs that change
     kind; none where the study has no such pair."""
     lines = []
-    for before, after in same_weight_pairs(rows):
-        pair = pairing(before.runs, after.runs)
+    for before, after, pair in same_weight_pairs(rows):
         lines += [f"#### `{before.label}` → `{after.label}`", ""]
         runs = sorted(zip(pair.arm, pair.reference, strict=True), key=lambda two: two[0].seed or 0)
         for corpus in (None, *key_corpora(k for r in before.runs for k in r.metrics)):

@@ -193,7 +193,7 @@ def _pairs(arm: Row, references: Sequence[Row]) -> list[tuple[Row, str]]:
 def with_verdicts(frame: pd.DataFrame, claimed: ClaimedLines) -> pd.DataFrame:
     """The comparisons with their `family`, `claim`, `p_holm` and `verdict`: a comparison `claimed` names
     (by id) takes its claim's; every other one is EXPLORATORY (`exploratory_verdict`, no p_holm).
-    `documents` and `seeds_*` as integers (empty where none)."""
+    `documents` as integers (empty where none)."""
     frame = frame.copy()
     frame["documents"] = frame["documents"].astype("Int64")
     found = [claimed.get(cid, {}) for cid in frame["comparison"]]
@@ -288,11 +288,15 @@ def _places(run: RunRecord, corpus: str) -> tuple[list[int], list[int]]:
 
 
 def _compare(
-    arm: Row, reference: Row, corpus: str = "", only: tuple[str, int] | None = None
+    arm: Row,
+    reference: Row,
+    corpus: str = "",
+    only: tuple[str, int] | None = None,
+    alternative: str | None = None,
 ) -> tuple[list[dict[str, Any]], str, np.ndarray | None]:
     """The lines of one pair of rows on `corpus` (all but the study, family, claim, p_holm and verdict) and
     the documents their windows were resampled within (None: windows alone), or no lines and the reason
-    why. `only`: the one (metric, length) to compare."""
+    why. `only`: the one (metric, length) to compare; `alternative`: add its one-sided p (`compare_sides`)."""
     on_corpus = [
         [r for r in row.runs if not corpus or corpus in r.corpus_windows] for row in (arm, reference)
     ]
@@ -311,7 +315,10 @@ def _compare(
     if not keys:
         return [], "no `loss/L` that every run of both rows has", None
     documents = np.array(places[0][1]) if all(d for _, d in places) else None
-    lines = [compare_sides(*sides, pair.design, metric, length, corpus, documents) for metric, length in keys]
+    lines = [
+        compare_sides(*sides, pair.design, metric, length, corpus, documents, alternative)
+        for metric, length in keys
+    ]
     return lines, "", documents
 
 
@@ -323,14 +330,18 @@ def compare_sides(
     length: int,
     corpus: str,
     documents: np.ndarray | None,
+    alternative: str | None = None,
 ) -> dict[str, Any]:
     """One comparison: the hierarchical bootstrap interval and the design's seed-level test (runs in pair
-    order for a paired design)."""
+    order for a paired design), two-sided, and with `alternative` (`less`, `greater`) also that side's p
+    (`p_claim`)."""
     key = metric_key(metric, length, corpus=corpus or None)
     arm_losses = _losses(arm, key)  # (seeds, W)
     reference_losses = _losses(reference, key)  # (seeds, W)
     paired = design in PAIRED_DESIGNS
     interval = bootstrap_interval(arm_losses, reference_losses, documents, paired=paired)
+    means = (arm_losses.mean(axis=1), reference_losses.mean(axis=1))  # (seeds,) each
+    one_sided = {} if alternative is None else {"p_claim": seed_p(*means, paired, alternative)}
     return {
         "corpus": corpus,
         "row": arm.label,
@@ -353,7 +364,8 @@ def compare_sides(
         "draws": interval.draws,
         "mc_error_low": interval.mc_error_low,
         "mc_error_high": interval.mc_error_high,
-        "p_seeds": seed_p(arm_losses.mean(axis=1), reference_losses.mean(axis=1), paired),  # (seeds,) each
+        "p_seeds": seed_p(*means, paired),
+        **one_sided,
     }
 
 
@@ -362,18 +374,10 @@ def compare_one(
 ) -> dict[str, Any]:
     """One comparison of two rows, as `paired_differences` makes it, with `p_claim`, the design's test on
     the side `alternative` (`less`, `greater`); a ReportError says why they cannot be compared."""
-    lines, note, _ = _compare(arm, reference, corpus, (metric, length))
+    lines, note, _ = _compare(arm, reference, corpus, (metric, length), alternative)
     if not lines:
         raise ReportError(f"`{arm.label}` vs `{reference.label}`, {metric}/{length}: {note or 'no such key'}")
-    pair = pairing(
-        *([r for r in row.runs if not corpus or corpus in r.corpus_windows] for row in (arm, reference))
-    )
-    key = metric_key(metric, length, corpus=corpus or None)
-    means = [
-        _losses(_Side(row.label, runs), key).mean(axis=1)
-        for row, runs in ((arm, pair.arm), (reference, pair.reference))
-    ]
-    return {**lines[0], "p_claim": seed_p(*means, pair.paired, alternative)}
+    return lines[0]
 
 
 def seed_p(arm: np.ndarray, reference: np.ndarray, paired: bool, alternative: str = "two-sided") -> float:
