@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from conftest import tiny_model
 from posab.data import CorpusData, DataConfig, SyntheticConfig, corpora, prepare_data
+from posab.encodings import EncodingOptimizer
 from posab.evaluate import EvalConfig, run_evaluator
 from posab.evaluate.attention_analysis import AnalysisConfig
 from posab.evaluate.context import EvalContext
@@ -144,7 +145,10 @@ def test_the_passkey_stage_bar_shows_length_and_key_loss(
     )
     model = tiny_model("alibi")
     train = corpus.streams["train"]
-    stage = PasskeyStage(model, train, corpus.tokenizer, cfg, 5, 0, NullLogger(), None, lambda state: None)
+    optim = EncodingOptimizer()
+    stage = PasskeyStage(
+        model, train, corpus.tokenizer, cfg, optim, 5, 0, NullLogger(), None, lambda state: None
+    )
     stage.fit()
     err = capsys.readouterr().err
     assert bars["passkey"] == [(4, 4)]

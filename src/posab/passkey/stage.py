@@ -10,11 +10,14 @@ Protocol: `passkey.lengths` (input lengths, increasing, each at most `train.seq_
 `passkey.steps[i]` steps at `lengths[i]`; each step draws max(1, batch_tokens // L) examples of L inputs
 from the training split at uniformly random depths, with fresh keys (`posab.passkey.examples`, the needle
 evaluation's format and key length), from a generator seeded by the run's seed. The loss is the mean
-cross-entropy over the key digits only (every other position carries no gradient). AdamW on every
-parameter at `lr` after `warmup_steps` of linear warmup, then constant (`schedule: constant`) or cosine
-decay towards `min_lr_ratio * lr` (`schedule: cosine`; the language model's schedule,
-`posab.training.loop.warmup_cosine`), clipping at `grad_clip`. The loop (cadence, checkpoints,
-pre-emption) is the language model's too (`posab.training.loop.run_steps`).
+cross-entropy over the key digits only (every other position carries no gradient). The language model's
+AdamW (`posab.training.optim`: its parameter groups, the encoding's group at `lr` x `encoding.lr_mult`
+with `encoding.weight_decay`, `weight_decay` on the matrices only, the encoding's `constrain` after every
+step) at base lr `lr` with torch's betas (`BETAS`), after `warmup_steps` of linear warmup, then constant
+(`schedule: constant`) or cosine decay towards `min_lr_ratio * lr` (`schedule: cosine`; the language
+model's schedule, `posab.training.loop.warmup_cosine`), clipping at `grad_clip` (the language model's
+step, `optimizer_step`). The loop (cadence, checkpoints, pre-emption) is the language model's too
+(`posab.training.loop.run_steps`).
 `train/needle_loss` is logged every `log_every` steps against the global step (language-model steps +
 stage steps). Every `probe_every` steps (and at the end) a fixed set of `probe_examples` passkey examples
 at the curriculum's last length (drawn once, fresh keys, their own generator) is scored greedily and
@@ -40,13 +43,21 @@ from tqdm import tqdm
 from posab.data.streams import Batch, TokenStream
 from posab.data.tokenizer import Tokenizer
 from posab.device import autocast
+from posab.encodings import EncodingOptimizer
 from posab.errors import require
 from posab.logging import Logger
 from posab.model import DecoderLM
 from posab.passkey.examples import passkey_batch
 from posab.training.loop import Cadence, LoopState, run_steps, warmup_cosine
 from posab.training.losses import token_losses
+from posab.training.optim import build_optimizer, optimizer_step
 from posab.training.state import load_optimizer_state, optimizer_state
+
+BETAS = (0.9, 0.999)  # AdamW's (torch's defaults), the stage's since issue 14; not train.beta1/beta2
+OLD_CHECKPOINT = (
+    "delete checkpoint_passkey.pt from the run directory; rerun the same command and the stage starts "
+    "again from the language model's final weights"
+)
 
 
 @dataclass
@@ -59,7 +70,7 @@ class PasskeyStageConfig:
     warmup_steps: int = 20
     schedule: str = "cosine"  # constant | cosine (to min_lr_ratio * lr at the last step)
     min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # on the model's matrices (the encoding's: encoding.weight_decay)
     grad_clip: float = 1.0
     log_every: int = 10
     checkpoint_every: int = 100
@@ -148,6 +159,7 @@ class PasskeyStage:
         stream: TokenStream,
         tokenizer: Tokenizer,
         cfg: PasskeyStageConfig,
+        encoding_optimizer: EncodingOptimizer,
         key_digits: int,
         seed: int,
         logger: Logger,
@@ -155,15 +167,18 @@ class PasskeyStage:
         checkpoint: Callable[[dict[str, Any]], None],
         first_step: int = 0,
     ) -> None:
-        """`checkpoint(state)` stores the stage's state; `first_step`: the global step the stage starts
-        after (the language-model steps), for logging."""
+        """`encoding_optimizer`: how the encoding's parameters are trained (`encoding.lr_mult`,
+        `encoding.weight_decay`, as in language-model training); `checkpoint(state)` stores the stage's
+        state; `first_step`: the global step the stage starts after (the language-model steps), for
+        logging."""
         self.model, self.stream, self.tokenizer, self.cfg = model, stream, tokenizer, cfg
         self.key_digits, self.logger, self.dtype, self.checkpoint = key_digits, logger, dtype, checkpoint
         self.first_step = first_step
         self.device = next(model.parameters()).device
         self.rng = np.random.default_rng([seed, 14])  # its own stream: not the training sampler's
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = build_optimizer(
+            model, encoding_optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=BETAS
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, cfg.lr_factor)
         self.progress = StageProgress()
         probe_rng = np.random.default_rng([seed, 14, 1])  # fixed examples, whatever the stage draws
@@ -180,7 +195,7 @@ class PasskeyStage:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_optimizer_state(state, self.model, self.optimizer, self.scheduler)
+        load_optimizer_state(state, self.model, self.optimizer, self.scheduler, OLD_CHECKPOINT)
         self.rng.bit_generator.state = state["rng"]
         self.progress = StageProgress(**state["progress"])
 
@@ -194,9 +209,7 @@ class PasskeyStage:
         with autocast(self.device, self.dtype):
             loss = key_loss(self.model, batch)
         loss.backward()
-        nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
+        optimizer_step(self.model, self.optimizer, self.scheduler, self.cfg.grad_clip)
         return float(loss.detach())
 
     def fit(self) -> dict[str, Any]:

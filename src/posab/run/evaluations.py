@@ -14,6 +14,7 @@ import torch
 from posab.build import encoding_name
 from posab.config import Config, config_container
 from posab.data import CorpusData, TokenStream, eval_corpus_stream
+from posab.encodings import encoding_optimizer
 from posab.errors import ConfigError
 from posab.evaluate import EvalContext, enabled_evaluators, run_evaluations
 from posab.io import atomic_write, write_text
@@ -104,6 +105,7 @@ def evaluate_around_stage(
         data.streams["train"],
         data.tokenizer,
         cfg.passkey,
+        encoding_optimizer(cfg.encoding),
         cfg.eval.needle.key_digits,
         cfg.seed,
         logger,

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from posab.errors import ConfigError
+
 
 def rng_states() -> dict[str, Any]:
     """torch, numpy and python RNG states as plain containers."""
@@ -28,6 +30,23 @@ def set_rng_states(states: dict[str, Any]) -> None:
     random.setstate((3, tuple(states["python"]), None))
 
 
+RESTART = "start the run afresh (train.resume=never, or another hydra.run.dir)"
+
+
+def check_param_groups(saved: dict[str, Any], optimizer: Any, remedy: str) -> None:
+    """ConfigError when a saved optimizer state has other parameter groups (their number or sizes) than
+    `optimizer`: code that grouped the parameters otherwise saved it, and its moments and rates would not
+    fit. Checked before anything is loaded; `remedy` says what to do instead."""
+    saved_sizes = [len(group["params"]) for group in saved["param_groups"]]
+    sizes = [len(group["params"]) for group in optimizer.param_groups]
+    if saved_sizes != sizes:
+        raise ConfigError(
+            f"the checkpoint's optimizer has {len(saved_sizes)} parameter group(s) of {saved_sizes} "
+            f"parameters, this code's {len(sizes)} of {sizes} (an older posab grouped them otherwise): "
+            f"it cannot be resumed; {remedy}"
+        )
+
+
 def optimizer_state(model: nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
     """The model, optimizer and schedule of a training loop as checkpoint entries."""
     return {
@@ -37,8 +56,11 @@ def optimizer_state(model: nn.Module, optimizer: Any, scheduler: Any) -> dict[st
     }
 
 
-def load_optimizer_state(state: dict[str, Any], model: nn.Module, optimizer: Any, scheduler: Any) -> None:
-    """Restore what `optimizer_state` saved."""
+def load_optimizer_state(
+    state: dict[str, Any], model: nn.Module, optimizer: Any, scheduler: Any, remedy: str = RESTART
+) -> None:
+    """Restore what `optimizer_state` saved, after `check_param_groups` (`remedy`: its advice)."""
+    check_param_groups(state["optimizer"], optimizer, remedy)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])

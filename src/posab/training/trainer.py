@@ -1,5 +1,6 @@
 """The language model's training: AdamW, warmup + cosine schedule, clipping, accumulation, bf16 autocast.
-The loop (cadence, checkpoints, pre-emption) and the schedule live in `posab.training.loop`, the loss in
+The loop (cadence, checkpoints, pre-emption) and the schedule live in `posab.training.loop`, the optimizer
+and its step (shared with the passkey stage) in `posab.training.optim`, the loss in
 `posab.training.losses`, checkpoint entries and RNG states in `posab.training.state`."""
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from posab.distributed import any_rank, mean_across_ranks, world
 from posab.encodings import EncodingOptimizer
 from posab.errors import TrainingError, require, require_positive
 from posab.logging import Logger
-from posab.model import DecoderLM
 from posab.training.loop import Cadence, LoopState, run_steps, warmup_cosine
 from posab.training.losses import token_losses, validation_loss
+from posab.training.optim import build_optimizer, optimizer_step
 from posab.training.state import load_optimizer_state, optimizer_state, rng_states, set_rng_states
 
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -88,36 +89,12 @@ def lr_multiplier(step: int, cfg: TrainConfig) -> float:
     return warmup_cosine(step, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
 
 
-def param_groups(model: nn.Module, cfg: TrainConfig, enc: EncodingOptimizer) -> list[dict[str, Any]]:
-    """AdamW groups: the model's matrices (decayed by train.weight_decay), its other parameters (norms: not
-    decayed), and the encoding's parameters at lr train.lr * lr_mult, decayed by `enc.weight_decay`.
-    A model other than a DecoderLM (the benchmark's peer) has no encoding group. Empty groups are left out."""
-    encoding = model.encoding if isinstance(model, DecoderLM) else None
-    coded_ids = {id(p) for p in encoding.parameters()} if encoding is not None else set()
-    params = [p for p in model.parameters() if p.requires_grad]
-    own = [p for p in params if id(p) not in coded_ids]
-    coded = [p for p in params if id(p) in coded_ids]
-    enc_lr = cfg.lr * enc.lr_mult
-    groups = [
-        {"params": [p for p in own if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in own if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    groups.append({"params": coded, "weight_decay": enc.weight_decay, "lr": enc_lr})
-    return [g for g in groups if g["params"]]
-
-
-def build_optimizer(
+def train_optimizer(
     model: nn.Module, cfg: TrainConfig, enc: EncodingOptimizer | None = None
 ) -> torch.optim.AdamW:
-    """AdamW over `param_groups`; after every step a DecoderLM's encoding puts its parameters back into
-    their valid set (`Encoding.constrain`). The schedule (LambdaLR) multiplies each group's own initial lr,
-    so the encoding's group keeps its lr_mult throughout."""
-    groups = param_groups(model, cfg, enc or EncodingOptimizer())
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
-    if isinstance(model, DecoderLM):
-        encoding = model.encoding
-        optimizer.register_step_post_hook(lambda *_: encoding.constrain())
-    return optimizer
+    """The language model's optimizer: `build_optimizer` at train.lr, train.weight_decay and
+    train.beta1/beta2 (`enc`: the encoding's group, `encoding.lr_mult` and `encoding.weight_decay`)."""
+    return build_optimizer(model, enc, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2))
 
 
 @dataclass
@@ -165,7 +142,7 @@ class Trainer:
         self.sampler = sampler
         self.valid_stream = valid
         self.valid_starts = valid.fixed_windows(cfg.seq_len, cfg.val_windows)
-        self.optimizer = build_optimizer(model, cfg, encoding_optimizer)
+        self.optimizer = train_optimizer(model, cfg, encoding_optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_multiplier(s, cfg))
         self.dtype = autocast_dtype(cfg.precision, device)
         self.progress = Progress()
@@ -221,9 +198,7 @@ class Trainer:
                 f"loss is {total} at step {self.progress.step + 1}; "
                 f"stopped before updating the weights ({kept})"
             )
-        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
-        self.optimizer.step()
-        self.scheduler.step()
+        grad_norm = optimizer_step(self.model, self.optimizer, self.scheduler, self.cfg.grad_clip)
         return total, grad_norm
 
     def last_saved_step(self) -> int:
