@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from conftest import CONF, ENCODINGS, ROOT, isolated_env, run_train, tiny_model, typed_config
 from hydra_plugins.posab_grid_sweeper.grid_sweeper import expand_grids
+from posab.sweep_lists import sweep_order
 
 
 def losses(run: Path) -> list[float]:
@@ -118,11 +119,27 @@ def test_the_comment_test_finds_the_presets_that_claim_every_encoding() -> None:
     assert not claims_every_encoding("anchors") and not claims_every_encoding("needle")
 
 
+def preset_jobs(name: str) -> list[list[str]]:
+    """The jobs a preset's multirun launches, each its overrides, as its sweeper expands them: the basic
+    sweeper's one product of `params` (BasicSweeper.split_arguments, as the grids sweeper's one grid), or
+    the grids sweeper's union of `grids`."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+experiment={name}"], return_hydra_config=True)
+    sweeper = cfg.hydra.sweeper
+    grids = sweeper.grids if "grids" in sweeper else [sweeper.get("params") or {}]
+    parser = OverridesParser.create()
+    return expand_grids([dict(grid.items()) for grid in grids], [], parser)
+
+
 @pytest.mark.parametrize("name", [n for n in EXPERIMENTS if claims_every_encoding(n)])
 def test_a_preset_that_says_every_encoding_sweeps_every_encoding_file(name: str) -> None:
-    """A new conf/encoding/*.yaml fails here until every preset whose comment says so sweeps it."""
-    swept = swept_encodings(name)
-    assert sorted(set(swept)) == ENCODINGS, f"{name} misses {sorted(set(ENCODINGS) - set(swept))}"
+    """Such a preset sweeps `${posab_encodings:}` (posab.sweep_lists): every conf/encoding/*.yaml, the
+    ones the presets once listed by hand first, in that order (their jobs keep their numbers), then any
+    later one by name."""
+    jobs = preset_jobs(name)
+    swept = list(dict.fromkeys(o.split("=", 1)[1] for job in jobs for o in job if o.startswith("encoding=")))
+    assert sorted(swept) == ENCODINGS, f"{name} misses {sorted(set(ENCODINGS) - set(swept))}"
+    assert swept == sweep_order(ENCODINGS)
 
 
 @pytest.mark.parametrize(
