@@ -27,11 +27,13 @@ from posab.config import Config, load_config
 from posab.data import CorpusData, DataConfig, SyntheticConfig, prepare_data
 from posab.data.tokenizer import VOCAB_SIZE
 from posab.model import DecoderLM
-from posab.paths import encoding_names
+from posab.paths import conf_dir, encoding_names
 from posab.run import wiring as run
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
+# The config tree the tests compose and take the encodings from: this checkout's conf/, or `$POSAB_CONF`
+# (posab.paths.conf_dir), e.g. a copy with one more encoding (tests/test_new_encoding.py)
+CONF = conf_dir()
 ENCODINGS = encoding_names(CONF)
 # In-process tests use one torch thread: their tensors are tiny, so a second thread saves nothing on an idle
 # machine, and on a busy one threads that wait for each other make them many times slower. (Subprocess runs
@@ -152,3 +154,28 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> CorpusData:
 @pytest.fixture(params=ENCODINGS)
 def encoding(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+# Cached decoding and device placement (tests/test_cache_equivalence.py, tests/test_meta_device.py)
+VOCAB = 250  # token ids drawn below VOCAB_SIZE (the byte tokenizer's 256 bytes and its anchors)
+# the forms' options beside the defaults: the multi-scale bias's FIRE input (its normaliser moves past the
+# training length: the dense form), the held input, the multiplicative form and the clamp; the
+# hierarchical bias's structural levels alone (the low-rank form without a shared part) and its token level
+VARIANTS = [
+    ("multiscale", "encoding.input=fire"),
+    ("multiscale", "encoding.input=fire_held"),
+    ("multiscale", "encoding.form=multiplicative"),
+    ("multiscale", "encoding.clamp=train"),
+    ("hierarchical", "encoding.levels=[sentence,paragraph]"),
+    ("hierarchical", "encoding.levels=[token]"),
+]
+CASES = [(name, None) for name in ENCODINGS] + VARIANTS  # every encoding, then the variants
+
+
+def text_like(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(2, length) tokens with sentence and paragraph indices that grow like text's."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (2, length), generator=g)
+    sentence = torch.cumsum(torch.rand(2, length, generator=g) < 0.15, dim=1)
+    paragraph = torch.cumsum(torch.rand(2, length, generator=g) < 0.04, dim=1)
+    return tokens, sentence, paragraph

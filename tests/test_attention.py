@@ -1,4 +1,5 @@
-"""The fast attention paths against slow references, on tiny shapes."""
+"""The fast attention paths (the forms' `attend`, and the kernel beneath them) against slow references
+written out here, on tiny shapes."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import math
 import pytest
 import torch
 
-from posab.attention import QUERY_CHUNK, BiasedAttention, attention, causal_mask
-from posab.encodings import BiasFactors, Dims, Positions
+from posab.encodings import Dims, Positions
 from posab.encodings.rope import RoPE
+from posab.forms import QUERY_CHUNK, Additive, BiasFactors, Causal, LowRank, causal_mask, lowrank
+from posab.forms.kernels import BiasedAttention
 from tolerances import EPS32, EPS_BF16, assert_close_to_scale
 
 
@@ -59,7 +61,7 @@ def test_causal_attention_in_training_equals_the_reference(length: int) -> None:
     for path in ("fast", "explicit"):
         inputs = [q, k, v] if path == "fast" else float64(q, k, v)
         if path == "fast":
-            out = attention(*inputs, None)
+            out = Causal().attend(*inputs)
             assert out.grad_fn is not None and "BiasedAttention" in type(out.grad_fn).__name__
         else:
             out = explicit_attention(*inputs, causal_mask(length, q.device).double())
@@ -72,16 +74,39 @@ def test_causal_attention_in_training_equals_the_reference(length: int) -> None:
 
 
 def test_attention_picks_the_path_and_matches_explicit_softmax() -> None:
+    """Each form's `attend` on the CPU: BiasedAttention with gradients (a learned bias, a constant one, none),
+    SDPA without; every path gives the explicit softmax, and so does the form's own `reference` in float64."""
     q, k, v, bias = random_inputs(2, 1, 9, torch.float32)
-    mask = bias + causal_mask(9, bias.device)
-    q64, k64, v64, mask64 = float64(q, k, v, mask)
-    expected = explicit_attention(q64, k64, v64, mask64)  # the reference in float64
-    no_bias = explicit_attention(q64, k64, v64, causal_mask(9, q.device).double())
-    # float32 softmax over 9 keys of 8-channel dot products: a few EPS32 of the output's scale;
-    # 1e-5 = 84 EPS32, while a wrong path (no bias, no causal mask) is off by ~1e-1
-    assert_close_to_scale(attention(q, k, v, mask), expected, rel=1e-5, msg="learned bias")
-    assert_close_to_scale(attention(q, k, v, mask.detach()), expected, rel=1e-5, msg="constant bias")
-    assert_close_to_scale(attention(q, k, v, None), no_bias, rel=1e-5, msg="no bias")
+    table = torch.randn(3, 17, generator=torch.Generator().manual_seed(1)).requires_grad_()  # (H, 2L-1)
+    q64, k64, v64, bias64, table64 = float64(q, k, v, bias, table)
+    causal64 = causal_mask(9, q.device).double()
+    index = 8 + torch.arange(9)[:, None] - torch.arange(9)[None, :]  # (L, L): table column (L-1) + i - j
+    cases = {  # the form in float32, the same form in float64, and the explicit mask in float64
+        "learned bias": (Additive(bias, torch.float32), Additive(bias64, torch.float64), bias64 + causal64),
+        "constant bias": (
+            Additive(bias.detach(), torch.float32),
+            Additive(bias64.detach(), torch.float64),
+            bias64 + causal64,
+        ),
+        "learned bias by distance": (
+            Additive.by_distance(table, 9, 9, torch.float32),
+            Additive.by_distance(table64, 9, 9, torch.float64),
+            table64[:, index][None] + causal64,
+        ),
+        "no bias": (Causal(), Causal(), causal64),
+    }
+    for name, (form, form64, mask64) in cases.items():
+        expected = explicit_attention(q64, k64, v64, mask64)  # the reference in float64
+        # the same float64 softmax, summed in another order: ~1e-16 of the scale
+        assert_close_to_scale(form64.reference(q64, k64, v64), expected, rel=1e-12, msg=f"{name}: reference")
+        training = form.attend(q, k, v)
+        assert training.grad_fn is not None and "BiasedAttention" in type(training.grad_fn).__name__, name
+        with torch.no_grad():
+            evaluation = form.attend(q, k, v)
+        # float32 softmax over 9 keys of 8-channel dot products: a few EPS32 of the output's scale;
+        # 1e-5 = 84 EPS32, while a wrong path (no bias, no causal mask) is off by ~1e-1
+        assert_close_to_scale(training, expected, rel=1e-5, msg=f"{name}: training")
+        assert_close_to_scale(evaluation, expected, rel=1e-5, msg=f"{name}: evaluation")
 
 
 def test_biased_attention_in_bf16_is_close_to_fp32() -> None:
@@ -106,28 +131,32 @@ def random_factors(batch: int, length: int, rank: int) -> BiasFactors:
 
 @pytest.mark.parametrize("shared_mask", [True, False])
 @pytest.mark.parametrize("length", [5, QUERY_CHUNK + 7])
-@pytest.mark.parametrize("score_scale", [None, 1.0])
+@pytest.mark.parametrize("path", ["cpu", "channels"])
 def test_bias_factors_equal_the_dense_bias_forward_and_backward(
-    shared_mask: bool, length: int, score_scale: float | None
+    shared_mask: bool, length: int, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Attention with bias factors (BiasedAttention's dU = dS E; with a score scale, the whole mask through
-    autograd) gives the explicit softmax with the dense bias U E^T added, and the same gradients for q, k,
-    v, the mask's bias and U."""
+    """Attention with bias factors (`LowRank`) on the CPU (BiasedAttention's dU = dS E) and on the
+    accelerators' path (`accelerated`: the factors as extra channels of q and k, through SDPA's autograd;
+    beside a shared bias the SDPA path where FlexAttention does not run) gives the explicit softmax with the
+    dense bias U E^T added, and the same gradients for q, k, v, the shared bias and U."""
+    monkeypatch.setattr(lowrank, "flex_runs_on", lambda device: False)  # SDPA, not FlexAttention
     q, k, v, bias = random_inputs(2, 1, length, torch.float32)
     factors = random_factors(2, length, 4)
     grad_out = torch.randn(2, 3, length, 8)
     results = []
-    for path in ("fused", "explicit"):
-        inputs = [q, k, v, bias, factors.query] if path == "fused" else float64(q, k, v, bias, factors.query)
+    for side in ("fused", "explicit"):
+        inputs = [q, k, v, bias, factors.query] if side == "fused" else float64(q, k, v, bias, factors.query)
         key = factors.key.to(inputs[0].dtype)
-        mask = inputs[3] + causal_mask(length, q.device).to(inputs[3].dtype) if shared_mask else None
-        if path == "fused":
-            scale = None if score_scale is None else torch.full((1, 3, length, length), score_scale)
-            out = attention(*inputs[:3], mask, scale=scale, factors=BiasFactors(inputs[4], key))
+        if side == "fused":
+            shared = Additive(inputs[3], torch.float32) if shared_mask else None
+            form = LowRank(shared, BiasFactors(inputs[4], key), torch.float32)
+            out = form.attend(*inputs[:3]) if path == "cpu" else form.accelerated(*inputs[:3], 0.0)
+            assert out.grad_fn is not None
+            assert ("BiasedAttention" in type(out.grad_fn).__name__) == (path == "cpu")
         else:
-            dense = BiasFactors(inputs[4], key).dense()  # (B, H, T, T)
-            full = dense + (mask if mask is not None else causal_mask(length, q.device).double())
-            out = explicit_attention(*inputs[:3], full)
+            causal = causal_mask(length, q.device).double()
+            mask = inputs[3] + causal if shared_mask else causal
+            out = explicit_attention(*inputs[:3], BiasFactors(inputs[4], key).dense() + mask)
         out.backward(grad_out.to(out.dtype))
         results.append([out.detach(), *(t.grad if t.grad is not None else torch.zeros(1) for t in inputs)])
     # float32 sums over <= 71 keys and 8 channels (dU: over the keys of a slot): observed ~1e-6 of each
@@ -136,21 +165,36 @@ def test_bias_factors_equal_the_dense_bias_forward_and_backward(
         assert_close_to_scale(fast, slow, rel=1e-5, msg=name)
 
 
-def test_bias_factors_in_every_path_give_the_same_output() -> None:
-    """With the factors: the learned-bias path (BiasedAttention), the constant-mask path, the causal-only
-    path and the explicit-softmax path (a score scale of 1) agree."""
+def test_bias_factors_in_every_path_give_the_same_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the factors: the learned-bias path (BiasedAttention with dU), the constant-mask path (the whole
+    mask, beside a shared bias or the causal mask alone), the evaluation path (SDPA with the whole mask),
+    the accelerators' factor channels (SDPA) and the explicit softmax (`reference`) agree."""
+    monkeypatch.setattr(lowrank, "flex_runs_on", lambda device: False)  # SDPA, not FlexAttention
     q, k, v, bias = random_inputs(2, 1, 20, torch.float32)
     factors = BiasFactors(random_factors(2, 20, 3).query.detach(), random_factors(2, 20, 3).key)
-    zero_mask = causal_mask(20, q.device).expand(1, 3, 20, 20)
-    learned = attention(q, k, v, (zero_mask + 0 * bias).requires_grad_(), factors=factors)
-    constant = attention(q, k, v, zero_mask, factors=factors)
-    causal = attention(q, k, v, None, factors=factors)
-    explicit = attention(q, k, v, zero_mask, scale=torch.ones(1, 3, 20, 20), factors=factors)
+    zero = torch.zeros(1, 3, 20, 20)
+    learned = LowRank(Additive(0 * bias, torch.float32), factors, torch.float32).attend(q, k, v)
+    assert learned.grad_fn is not None and "BiasedAttention" in type(learned.grad_fn).__name__
+    constant = LowRank(Additive(zero, torch.float32), factors, torch.float32).attend(q, k, v)
+    causal = LowRank(None, factors, torch.float32).attend(q, k, v)
+    with torch.no_grad():
+        evaluation = LowRank(None, factors, torch.float32).attend(q, k, v)
+    channels = LowRank(Additive(zero, torch.float32), factors, torch.float32).accelerated(q, k, v, 0.0)
+    causal_channels = LowRank(None, factors, torch.float32).accelerated(q, k, v, 0.0)
+    explicit = LowRank(None, factors, torch.float32).reference(q, k, v)
     # float32 kernels with other summation orders over 20 keys: 1e-5 = 84 EPS32; a path that drops the
     # factors is off by ~1e-1 of the output's scale
-    for name, out in (("constant", constant), ("causal", causal), ("explicit", explicit)):
+    paths = {
+        "constant": constant,
+        "causal": causal,
+        "evaluation": evaluation,
+        "channels": channels,
+        "causal channels": causal_channels,
+        "explicit": explicit,
+    }
+    for name, out in paths.items():
         assert_close_to_scale(out, learned, rel=1e-5, msg=name)
-    assert (attention(q, k, v, None) - learned).abs().max() > 1e-2 * learned.abs().max()
+    assert (Causal().attend(q, k, v) - learned).abs().max() > 1e-2 * learned.abs().max()
 
 
 def test_rope_matches_the_rotation_formula_and_cached_tables_honour_offsets() -> None:
@@ -158,8 +202,8 @@ def test_rope_matches_the_rotation_formula_and_cached_tables_honour_offsets() ->
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 1, 5, 8, generator=g)
     positions = torch.arange(3, 8)
-    q, _ = rope.rotate(x, x, Positions(token=torch.arange(1000, 1005)))  # grows the cache past 8 first
-    q, _ = rope.rotate(x, x, Positions(token=positions))
+    q, _ = rope.rotate(x, x, Positions.build(5, offset=1000))  # grows the cache past 8 first
+    q, _ = rope.rotate(x, x, Positions.build(5, offset=3))
     theta = 100.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)  # (4,)
     angle = positions[:, None].double() * theta[None, :]  # (5, 4)
     pairs = torch.complex(x[0, 0, :, :4].double(), x[0, 0, :, 4:].double())  # (x_c, x_{c+4}) as complex
@@ -170,7 +214,7 @@ def test_rope_matches_the_rotation_formula_and_cached_tables_honour_offsets() ->
     assert_close_to_scale(q[0, 0], expected, rel=2e-6)
     fresh = RoPE(Dims(d_model=8, n_heads=1), base=100.0)
     # the same float32 formula on the same values: equal up to an ulp of a vector kernel's rounding
-    assert_close_to_scale(fresh.rotate(x, x, Positions(token=positions))[0], q, rel=4 * EPS32)
+    assert_close_to_scale(fresh.rotate(x, x, Positions.build(5, offset=3))[0], q, rel=4 * EPS32)
 
 
 @pytest.mark.slow
@@ -189,19 +233,19 @@ def test_flex_attention_equals_sdpa_in_evaluation(encoding: str) -> None:
         assert_close_to_scale(flex(tokens, sentence, sentence // 4), expected, rel=1e-5)
 
 
-def test_mask_is_cached_per_length_in_evaluation_and_cleared_by_training() -> None:
+def test_form_is_cached_per_length_in_evaluation_and_cleared_by_training() -> None:
     from conftest import tiny_model
 
     model = tiny_model("multiscale")
     tokens = torch.randint(0, 256, (1, 32), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         first = model(tokens)
-        assert len(model._mask_cache) == 1
+        assert len(model._form_cache) == 1
         assert torch.equal(model(tokens), first)
     with torch.no_grad():
         model.encoding.distance_mlp.mlp[-1].weight.mul_(3.0)  # as a training step changes the bias
     model.train()
-    assert not model._mask_cache
+    assert not model._form_cache
     model.eval()
     with torch.inference_mode():
         assert (model(tokens) - first).abs().max() > 1e-4

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from conftest import tiny_model, typed_config
-from posab.attention import AttentionInputs, attention_probabilities, scaled_attention
 from posab.data import CorpusData
 from posab.errors import ConfigError
 from posab.evaluate import EvalConfig, enabled_evaluators, run_evaluator
 from posab.evaluate.attention_analysis import AnalysisConfig, head_statistics
 from posab.evaluate.context import EvalContext
+from posab.forms import Additive, AttentionInputs, Causal, Scaled
 from posab.model import DecoderLM
 from posab.plots import png_bytes
 from tolerances import EPS32, assert_close_to_scale
@@ -78,7 +78,7 @@ def observed_and_actual(model: DecoderLM) -> tuple[list[AttentionInputs], torch.
     observed: list[AttentionInputs] = []
     with torch.no_grad():
         model(tokens, structure, structure // 2, offset=7, observe=observed.append)
-        x, layer = called[0]
+        x, layer = called[0][:2]  # (x, the layer context, its cache)
         _, _, v = attn.queries_keys_values(x, layer.encoding, layer.pos)  # (B, H, T, D)
     for hook in hooks:
         hook.remove()
@@ -106,18 +106,19 @@ def test_observed_probabilities_follow_a_score_scale() -> None:
     with torch.no_grad():
         torch.nn.init.normal_(model.encoding.gate_mlp.mlp[-1].weight)  # type: ignore[union-attr,index]
     observed, v, actual = observed_and_actual(model)
-    scale = observed[1].scale
-    assert scale is not None and not torch.allclose(scale, torch.ones(()))
+    form = observed[1].form
+    assert isinstance(form, Scaled) and not torch.allclose(form.scale, torch.ones(()))
     assert_close_to_scale(applied(observed[1].probabilities(), v), actual, rel=1e-5)
 
 
 def test_chunked_statistics_equal_one_pass() -> None:
     generator = torch.Generator().manual_seed(3)
     q, k = torch.randn(2, 1, 3, 50, 8, generator=generator)  # 2 x (B, H, T, D)
-    mask = torch.randn(1, 3, 50, 50, generator=generator) + torch.full((50, 50), float("-inf")).triu(1)
+    bias = torch.randn(1, 3, 50, 50, generator=generator)  # (1, H, T, T) without the causal mask
     scale = torch.rand(1, 3, 50, 50, generator=generator) + 0.5  # (1, H, T, T)
-    for m, s in ((None, None), (mask, None), (None, scale), (mask, scale)):
-        inputs = AttentionInputs(q, k, m, s)
+    additive = Additive(bias, torch.float32)
+    for form in (Causal(), additive, Scaled(scale, None), Scaled(scale, additive)):
+        inputs = AttentionInputs(q, k, form)
         one_pass = head_statistics(inputs, chunk=50)  # float32 sums, in float64
         assert_close_to_scale(head_statistics(inputs, chunk=7), one_pass, rel=1e-5)
 
@@ -125,19 +126,18 @@ def test_chunked_statistics_equal_one_pass() -> None:
 def test_probabilities_are_the_explicit_attention_path() -> None:
     generator = torch.Generator().manual_seed(4)
     q, k, v = torch.randn(3, 2, 2, 30, 8, generator=generator).double()  # 3 x (B, H, T, D), float64
-    mask = torch.randn(1, 2, 30, 30, generator=generator).double() + torch.full((30, 30), float("-inf")).triu(
-        1
-    )
+    bias = torch.randn(1, 2, 30, 30, generator=generator).double()  # (1, H, T, T) without the causal mask
     scale = torch.rand(1, 2, 30, 30, generator=generator).double() + 0.5  # (1, H, T, T)
-    expected = scaled_attention(q, k, v, mask, scale, 0.0)  # (B, H, T, D)
-    assert_close_to_scale(attention_probabilities(q, k, mask, scale, 0, 30).double() @ v, expected, rel=1e-5)
-    rows = attention_probabilities(q, k, mask, scale, 10, 30)  # queries 10..29 over keys 0..29
-    assert_close_to_scale(rows, attention_probabilities(q, k, mask, scale, 0, 30)[:, :, 10:], rel=1e-6)
+    form = Scaled(scale, Additive(bias, torch.float64))
+    expected = form.attend(q, k, v)  # (B, H, T, D)
+    assert_close_to_scale(form.probabilities(q, k, 0, 30).double() @ v, expected, rel=1e-5)
+    rows = form.probabilities(q, k, 10, 30)  # queries 10..29 over keys 0..29
+    assert_close_to_scale(rows, form.probabilities(q, k, 0, 30)[:, :, 10:], rel=1e-6)
 
 
 def test_uniform_attention_gives_the_closed_forms() -> None:
     q = torch.zeros(1, 2, 100, 4)  # every score 0: uniform over keys 0..i
-    entropy, distance = head_statistics(AttentionInputs(q, q, None, None), chunk=32)  # (H,) each
+    entropy, distance = head_statistics(AttentionInputs(q, q, Causal()), chunk=32)  # (H,) each
     assert_close_to_scale(entropy, torch.full((2,), math.lgamma(101) / 100, dtype=torch.float64), rel=1e-5)
     assert_close_to_scale(distance, torch.full((2,), 99 / 4, dtype=torch.float64), rel=1e-5)
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posab.attention import MIX_CHUNK, AttentionInputs, attention, causal_mask
 from posab.encodings import Dims, Positions, build_encoding
 from posab.encodings.dape import DAPE, ScoreMixer
+from posab.encodings.dape_kernel import MIX_CHUNK, Mixed, mixed_attention
 from posab.encodings.reference import dape_attention_all_pairs
 from posab.errors import ConfigError
+from posab.forms import Additive, AttentionInputs, causal_mask
 from tolerances import EPS32, assert_close_to_scale
 
 HEADS, WIDTH, DIM = 3, 8, 4
@@ -29,11 +30,16 @@ def inputs(batch: int, mask_batch: int | None, length: int) -> tuple[list[torch.
 
 
 def outputs_and_gradients(path: str, batch: int, mask_batch: int | None, length: int) -> list[torch.Tensor]:
+    """The fast path: DAPE's form over a bias shared by the batch (or none), as the model runs it; a per-row
+    bias is no form's, so its rows go to the kernel itself (`mixed_attention`)."""
     leaves, mixer = inputs(batch, mask_batch, length)
     q, k, v = leaves[:3]
     mask = None if mask_batch is None else leaves[3] + causal_mask(length, q.device).double()
-    if path == "fast":
-        out = attention(q, k, v, mask, mixer=mixer)
+    if path == "fast" and mask_batch == 2:
+        out = mixed_attention(q, k, v, mask, mixer)
+    elif path == "fast":
+        base = None if mask_batch is None else Additive(leaves[3], torch.float64)
+        out = Mixed(base, mixer).attend(q, k, v)
     else:
         out = dape_attention_all_pairs(q, k, v, mask, mixer)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
@@ -66,9 +72,10 @@ def test_evaluation_path_and_attention_probabilities_equal_training_path() -> No
     q, k, v, bias = (t.detach().float() for t in leaves)
     mixer = mixer.float()
     mask = bias + causal_mask(q.shape[-2], q.device)
+    form = Mixed(Additive(bias, torch.float32), mixer)
     with torch.no_grad():
-        evaluated = attention(q, k, v, mask, mixer=mixer)
-        probs = AttentionInputs(q, k, mask, None, mixer).probabilities()
+        evaluated = form.attend(q, k, v)
+        probs = AttentionInputs(q, k, form).probabilities()
     reference = dape_attention_all_pairs(*(t.double() for t in (q, k, v, mask)), mixer.double())
     assert_close_to_scale(evaluated, reference, rel=100 * EPS32, msg="evaluation forward")
     assert_close_to_scale(probs @ v, reference, rel=100 * EPS32, msg="probabilities")
@@ -82,10 +89,10 @@ def bf16_training_step(autocast: bool) -> list[torch.Tensor]:
     `Trainer.step`."""
     leaves, mixer = inputs(2, 1, MIX_CHUNK + 3)
     q, k, v = (t.detach().bfloat16().requires_grad_() for t in leaves[:3])
-    mask = leaves[3].detach().float() + causal_mask(q.shape[-2], q.device)
     mixer = mixer.float()
+    form = Mixed(Additive(leaves[3].detach().float(), torch.float32), mixer)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        out = attention(q, k, v, mask, mixer=mixer)
+        out = form.attend(q, k, v)
     out.float().square().sum().backward()
     return [out.detach(), *(t.grad for t in (q, k, v)), *(p.grad for p in mixer.parameters())]
 
@@ -101,7 +108,8 @@ def test_dape_under_bf16_autocast_runs_f_in_float32_forward_and_backward_alike()
     leaves, mixer = inputs(1, 1, 5)
     q, k = (t.detach().bfloat16() for t in leaves[:2])
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        probs = AttentionInputs(q, k, leaves[3].detach().float(), None, mixer.float()).probabilities()
+        form = Mixed(Additive(leaves[3].detach().float(), torch.float32), mixer.float())
+        probs = AttentionInputs(q, k, form).probabilities()
     assert probs.dtype == torch.float32
 
 
@@ -110,9 +118,12 @@ def test_dape_wraps_its_base_bias_and_has_one_mixer_per_layer() -> None:
     dape = build_encoding({"_target_": "posab.encodings.dape.DAPE", "base": ALIBI, "width": 5}, dims)
     alibi = build_encoding(ALIBI, dims)
     pos = Positions.build(9)
-    assert torch.equal(dape.bias(pos), alibi.bias(pos))
-    assert isinstance(dape, DAPE) and dape.static_bias and dape.relative_only
-    mixers = [dape.score_mixer(layer) for layer in range(3)]
+    assert torch.equal(dape.dense_bias(pos), alibi.dense_bias(pos))
+    assert isinstance(dape, DAPE) and dape.static_form and dape.relative_only
+    form = dape.attention_form(pos, 9, torch.float32)
+    layers = [dape.layer_form(form, layer) for layer in range(3)]
+    assert all(isinstance(f, Mixed) and f.base is form for f in layers)  # every layer over the one bias
+    mixers = [f.mixer for f in layers]
     assert len({id(m) for m in mixers}) == 3
     assert mixers[0].first.weight.shape == (5, 2 * HEADS) and mixers[0].second.weight.shape == (HEADS, 5)
 
@@ -135,4 +146,4 @@ def test_bad_dape_settings_are_named(spec: dict, message: str) -> None:
 def test_attention_dropout_with_a_mixer_is_refused() -> None:
     leaves, mixer = inputs(1, 1, 5)
     with pytest.raises(ValueError, match="dropout=0.1"):
-        attention(*leaves[:3], leaves[3], dropout=0.1, mixer=mixer)
+        Mixed(Additive(leaves[3], torch.float64), mixer).attend(*leaves[:3], dropout=0.1)

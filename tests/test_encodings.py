@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import copy
-import functools
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
+from torch import Tensor
 
 from conftest import tiny_model
-from posab.attention import QUERY_CHUNK
 from posab.encodings import Dims, Positions
 from posab.encodings.alibi import ALiBi, alibi_slopes
 from posab.encodings.hierarchical import Hierarchical
@@ -18,6 +18,7 @@ from posab.encodings.multiscale import MultiScale
 from posab.encodings.reference import hierarchical_all_pairs, multiscale_all_pairs
 from posab.encodings.sinusoidal import Sinusoidal
 from posab.errors import ConfigError
+from posab.forms import QUERY_CHUNK, Form, causal_mask
 from tolerances import EPS32, assert_close_to_scale, scale_of
 
 B, T, V = 2, 24, 260
@@ -95,7 +96,7 @@ def test_alibi_slopes(heads: int, expected: list[float]) -> None:
 
 def test_alibi_bias_is_minus_slope_times_distance() -> None:
     enc = ALiBi(Dims(d_model=32, n_heads=4))
-    bias = enc.bias(Positions.build(6))[0]  # (H, L, L)
+    bias = enc.dense_bias(Positions.build(6))[0]  # (H, L, L)
     for h, m in enumerate(alibi_slopes(4).tolist()):
         for i in range(6):
             for j in range(i + 1):
@@ -106,10 +107,10 @@ def test_multiscale_distinct_distances_equal_all_pairs() -> None:
     torch.manual_seed(0)
     enc = MultiScale(Dims(d_model=32, n_heads=4), num_freqs=8, max_dist=256.0, hidden=16)
     pos = Positions.build(40)
-    fast = enc.bias(pos)  # float32
+    fast = enc.dense_bias(pos)  # float32
     reference = copy.deepcopy(enc).double()
     slow = multiscale_all_pairs(reference, pos)  # the reference: all pairs in float64
-    assert_close_to_scale(reference.bias(pos), slow, rel=1e-12, msg="float64")  # the identity
+    assert_close_to_scale(reference.dense_bias(pos), slow, rel=1e-12, msg="float64")  # the identity
     # float32: features to a few EPS32, then two layers summing 16 inputs each: observed ~1e-7 of the
     # bias's scale; 1e-5 = 84 EPS32, while a Toeplitz gather off by one distance is ~1e-1 of it
     assert_close_to_scale(fast, slow, rel=1e-5, msg="float32")
@@ -133,18 +134,36 @@ def test_hierarchical_distinct_distances_equal_all_pairs(combine: str) -> None:
     assert_close_to_scale(fast, slow, rel=1e-5, msg="float32")
 
 
+@dataclass(eq=False)
+class AllPairs(Form):
+    """A whole (B, H, L, L) bias on every path by the explicit softmax, through autograd: the reference."""
+
+    bias: Tensor  # (B, H, L, L) without the causal mask
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, dropout: float = 0.0, backend: str = "sdpa") -> Tensor:
+        return self.reference(q, k, v)
+
+    def scores(self, q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
+        logits = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2) / math.sqrt(q.shape[-1])
+        return logits + self.bias[..., start:end, :end] + causal_mask(end, q.device)[start:end]
+
+    def dense_bias(self) -> Tensor:
+        return self.bias
+
+
 @pytest.mark.parametrize("levels", [["token", "sentence", "paragraph"], ["sentence"]])
 def test_hierarchical_model_equals_the_all_pairs_bias_forward_and_backward(levels: list[str]) -> None:
-    """The model with the hierarchical bias as it runs (token Toeplitz mask + sentence/paragraph factor
-    channels on q and k), in float32, against the same weights in float64 with the whole bias computed
-    all-pairs and passed as one (B, H, L, L) mask: equal logits and equal gradients of every parameter."""
+    """The model with the hierarchical bias as it runs (its `LowRank` form: the token level's Toeplitz
+    mask and the sentence/paragraph factors; on the CPU, BiasedAttention with dU = dS E), in float32,
+    against the same weights in float64 with the whole bias computed all-pairs and attended as one
+    (B, H, L, L) bias by the explicit softmax: equal logits and equal gradients of every parameter."""
     model = tiny_model("hierarchical", f"encoding.levels=[{','.join(levels)}]").train()
     with torch.no_grad():
         model.encoding.mix.normal_()  # a mix other than the sum
     reference = copy.deepcopy(model).double()
-    reference.encoding.bias = functools.partial(hierarchical_all_pairs, reference.encoding)
-    reference.encoding.bias_factors = lambda pos: None
-    reference.encoding.static_bias = False
+    enc = reference.encoding
+    enc.attention_form = lambda pos, queries, dtype: AllPairs(hierarchical_all_pairs(enc, pos))
+    assert not model.encoding.static_form  # no form is cached, in either model
     tokens, sentence, paragraph = structured_batch(length=QUERY_CHUNK + 9)
     targets = torch.roll(tokens, -1, dims=1)
     for net in (model, reference):

@@ -67,7 +67,7 @@ def test_t5_buckets_match_the_reference_and_use_every_bucket(num_buckets: int, m
 def test_t5_bias_reads_the_table_at_the_bucket_of_i_minus_j(init: str, gain: float) -> None:
     torch.manual_seed(0)
     enc = T5Bias(Dims(d_model=32, n_heads=4), num_buckets=8, max_distance=20, init=init)  # d_head 8
-    bias = enc.bias(Positions.build(40))[0].double()  # (H, L, L)
+    bias = enc.dense_bias(Positions.build(40))[0].double()  # (H, L, L)
     table = enc.table.detach().double()
     for i, j in [(0, 0), (5, 1), (39, 0), (30, 27), (3, 9)]:
         bucket = reference_bucket(i - j, 8, 20)
@@ -83,7 +83,7 @@ def test_kerple_bias_hand_computed(param: str) -> None:
     with torch.no_grad():
         enc.raw_p.copy_(raw(torch.tensor([1.0, 2.0])))
         enc.raw_a.copy_(raw(torch.tensor([0.5, 1.0])))
-    bias = enc.bias(Positions.build(8, offset=100))[0]  # (H, L, L)
+    bias = enc.dense_bias(Positions.build(8, offset=100))[0]  # (H, L, L)
     expected = {  # (i, j): [-p_0 ln(1 + a_0 (i - j)), -p_1 ln(1 + a_1 (i - j))]
         (0, 0): [0.0, 0.0],
         (5, 2): [-math.log(2.5), -2 * math.log(4.0)],  # d = 3: ln(1 + 1.5), 2 ln(1 + 3)
@@ -124,7 +124,7 @@ def fire_module(train_len: int = 16) -> FIRE:
 @pytest.mark.parametrize("offset", [0, 7, 500])
 def test_fire_bias_is_the_formula(offset: int) -> None:
     enc = fire_module()
-    bias = enc.bias(Positions.build(40, offset=offset))[0]  # (H, L, L), float32
+    bias = enc.dense_bias(Positions.build(40, offset=offset))[0]  # (H, L, L), float32
     mlp64 = copy.deepcopy(enc.mlp).double()  # the reference: the MLP itself, in float64
     c, threshold = enc.c.item(), enc.threshold.item()
     got, expected = [], []
@@ -154,7 +154,7 @@ def test_fire_piecewise_linear_equals_the_mlp_on_all_pairs_with_gradients() -> N
     slow = fire_all_pairs(ref, pos)  # the reference: the MLP on every pair, in float64 from the same inputs
     slow_grads = loss_and_grads(ref, slow, weights)
     # the identity itself, both sides in float64: off by float64 rounding (~1e-16) only
-    exact = ref.bias(pos)
+    exact = ref.dense_bias(pos)
     for name, g in loss_and_grads(ref, exact, weights).items():
         assert_close_to_scale(g, slow_grads[name], rel=1e-12, msg=f"float64 {name}")
     assert_close_to_scale(exact, slow, rel=1e-12, msg="float64 bias")
@@ -162,7 +162,7 @@ def test_fire_piecewise_linear_equals_the_mlp_on_all_pairs_with_gradients() -> N
     # gradient entry sums ~L^2 / 2 = 1275 weighted pairs, whose float32 rounding depends on the CPU's
     # summation order (AVX-512 vs AVX2 vs scalar: a few 1e-7 of the scale); 1e-5 = 84 EPS32 of the
     # largest entry, while a pair on a wrong segment moves an entry by ~1e-2 of it.
-    fast = enc.bias(pos)
+    fast = enc.dense_bias(pos)
     assert_close_to_scale(fast, slow, rel=1e-5, msg="float32 bias")
     fast_grads = loss_and_grads(enc, fast, weights)
     for name, g in fast_grads.items():
@@ -172,7 +172,7 @@ def test_fire_piecewise_linear_equals_the_mlp_on_all_pairs_with_gradients() -> N
 
 def test_fire_depends_on_the_offset_past_the_threshold_only() -> None:
     enc = fire_module()
-    at = {k: enc.bias(Positions.build(20, offset=k)) for k in (0, 1, 100)}
+    at = {k: enc.dense_bias(Positions.build(20, offset=k)) for k in (0, 1, 100)}
     # every query below L_thr = 21.6: the normaliser is fixed; the same float32 formula on the same values,
     # up to an ulp where a vector kernel and its scalar tail round log1p differently
     assert_close_to_scale(at[0], at[1], rel=4 * EPS32)

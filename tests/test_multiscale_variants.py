@@ -15,6 +15,7 @@ from posab.encodings import Dims, Positions
 from posab.encodings.hierarchical import Hierarchical
 from posab.encodings.multiscale import MultiScale
 from posab.errors import ConfigError
+from posab.forms import Additive, Scaled
 from posab.report.rundirs import load_run
 from posab.run.reevaluation import reevaluate
 from tolerances import EPS32, assert_close_to_scale, scale_of
@@ -70,23 +71,25 @@ def test_multiplicative_form_starts_as_the_additive_one() -> None:
     torch.manual_seed(0)
     multiplicative = MultiScale(Dims(32, 4, 64, 512), num_freqs=8, hidden=16, form="multiplicative")
     pos = Positions.build(20)
+    form = multiplicative.attention_form(pos, 20, torch.float32)
+    assert isinstance(form, Scaled) and form.shared is not None
     # the same seed, the same MLP and the same float32 computation: equal up to an ulp at most; the gate
     # starts at exactly 1 (its last layer is zero)
-    assert_close_to_scale(multiplicative.bias(pos), additive.bias(pos), rel=4 * EPS32)
-    torch.testing.assert_close(multiplicative.score_scale(pos), torch.ones(1, 4, 20, 20), rtol=0, atol=0)
-    assert additive.score_scale(pos) is None
+    assert_close_to_scale(form.shared.dense_bias(), additive.dense_bias(pos), rel=4 * EPS32)
+    torch.testing.assert_close(form.scale, torch.ones(1, 4, 20, 20), rtol=0, atol=0)
+    assert isinstance(additive.attention_form(pos, 20, torch.float32), Additive)  # no score scale
 
 
 def test_fire_input_per_query_equals_the_distance_table_below_the_training_length() -> None:
     torch.manual_seed(0)
     enc = MultiScale(Dims(32, 4, 64, 512), num_freqs=8, hidden=16, input="fire")
     pos = Positions.build(30, offset=10)
-    per_query = enc._query_normalised(enc.distance_mlp, pos)  # (H, L, L)
+    per_query = enc._query_normalised(enc.distance_mlp, pos, 30)  # (H, L, L)
     lower = torch.ones(30, 30).tril().bool()
     # two float32 paths to the same inputs (log1p(d) / log1p(L_train) * L_max, the normaliser a tensor or a
     # Python float) through the same MLP: equal here, an ulp or so apart at most through the MLP;
     # 1e-5 = 84 EPS32 of the bias's scale, while a wrong normaliser is ~1e-1 of it
-    assert_close_to_scale(per_query[:, lower], enc.bias(pos)[0][:, lower], rel=1e-5)
+    assert_close_to_scale(per_query[:, lower], enc.dense_bias(pos)[0][:, lower], rel=1e-5)
 
 
 @torch.no_grad()
@@ -98,14 +101,14 @@ def test_the_held_fire_input_is_fire_below_the_training_length_and_its_training_
     fire = MultiScale(dims, num_freqs=8, hidden=16, input="fire")
     torch.manual_seed(0)
     held = MultiScale(dims, num_freqs=8, hidden=16, input="fire_held")
-    assert held.relative_only and held.static_bias and not fire.relative_only
+    assert held.relative_only and held.static_form and not fire.relative_only
     inside = Positions.build(16)
-    assert torch.equal(held.bias(inside), fire.bias(inside))
-    last = held.bias(Positions.build(40))[0][:, 39, :]  # (H, L): query 39, key j at distance 39 - j
+    assert torch.equal(held.dense_bias(inside), fire.dense_bias(inside))
+    last = held.dense_bias(Positions.build(40))[0][:, 39, :]  # (H, L): query 39, key j at distance 39 - j
     distance = torch.arange(39.0, -1.0, -1.0)  # (L,)
     expected = held.distance_mlp(torch.log1p(distance) / math.log1p(16) * held.max_dist)  # (H, L)
     assert torch.equal(last, expected)
-    assert not torch.allclose(fire.bias(Positions.build(40))[0][:, 39, :], last)
+    assert not torch.allclose(fire.dense_bias(Positions.build(40))[0][:, 39, :], last)
 
 
 def test_log_spacing_and_linear_spacing() -> None:
@@ -123,9 +126,9 @@ def test_a_clamp_gives_every_distance_past_it_the_bias_at_it() -> None:
     torch.manual_seed(0)
     free = MultiScale(Dims(32, 4, 16), num_freqs=8, hidden=16)
     assert clamped.clamp == 15 and free.clamp is None
-    last = clamped.bias(Positions.build(40))[0][:, 39, :]  # (H, L): query 39, key j at distance 39 - j
+    last = clamped.dense_bias(Positions.build(40))[0][:, 39, :]  # (H, L): query 39, key j at distance 39 - j
     assert (last[:, :25] == last[:, 24:25]).all()  # distances 39 .. 15 (keys 0 .. 24): one value each head
-    unclamped = free.bias(Positions.build(40))[0][:, 39, :]
+    unclamped = free.dense_bias(Positions.build(40))[0][:, 39, :]
     assert torch.equal(last[:, 24:], unclamped[:, 24:])  # distances 15 .. 0: the same MLP on the same inputs
     assert not torch.equal(last[:, :24], unclamped[:, :24])
     curve = clamped.distance_bias(torch.arange(40.0))  # (H, 40), as the extrapolation audit reads it
@@ -153,7 +156,7 @@ def test_the_hierarchical_clamp_holds_its_token_level_and_leaves_the_structure_l
     assert not torch.equal(curve[:, 16:], free_curve[:, 16:])
     units = torch.arange(40)[None] // 5  # (1, L): a sentence every 5 tokens, a paragraph every 10
     pos = Positions.build(40, sentence=units, paragraph=units // 2)
-    factors, free_factors = clamped.bias_factors(pos), free.bias_factors(pos)
+    factors, free_factors = clamped.bias_factors(pos, 40), free.bias_factors(pos, 40)
     assert torch.equal(factors.dense(), free_factors.dense())
     with pytest.raises(ConfigError, match=r"hierarchical clamp=0: use null"):
         Hierarchical(dims, clamp=0)

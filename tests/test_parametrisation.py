@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ENCODINGS, tiny_model, typed_config
+from conftest import CONF, ENCODINGS, tiny_model, typed_config
 from posab.build import build_model
 from posab.data.tokenizer import VOCAB_SIZE
 from posab.encodings import Dims, EncodingOptimizer, Positions, encoding_optimizer
@@ -17,12 +17,18 @@ from posab.encodings.kerple import FLOOR
 from posab.encodings.learned import Learned
 from posab.encodings.sinusoidal import Sinusoidal
 from posab.errors import ConfigError
+from posab.forms import Additive, LowRank
 from posab.model import DecoderLM
-from posab.training.trainer import TrainConfig, build_optimizer, lr_multiplier
+from posab.paths import encoding_options
+from posab.sweep_lists import has_parameters
+from posab.training.trainer import TrainConfig, lr_multiplier, train_optimizer
 from tolerances import assert_close_to_scale
 
-ADDS_TO_EMBEDDINGS = {"sinusoidal", "learned"}  # the encodings whose `embed` changes x
-HAS_PARAMETERS = {"sinusoidal", "learned", "t5", "fire", "kerple", "multiscale", "hierarchical"}
+# Known to change x in `embed` (a guard: each must keep doing so); any encoding that does is held to the
+# same range, listed here or not, so a new one needs no entry.
+ADDS_TO_EMBEDDINGS = {"sinusoidal", "learned"}
+# The encodings whose yaml builds trainable parameters (posab.sweep_lists, as tune_lr's lr_mult grid)
+HAS_PARAMETERS = [name for name in ENCODINGS if has_parameters(encoding_options(name, CONF))]
 
 
 def default_model(encoding: str, *overrides: str, seed: int = 0) -> DecoderLM:
@@ -50,8 +56,8 @@ def test_position_signal_has_the_token_signal_s_size_at_initialisation(name: str
     length = model.encoding.dims.train_len
     x = token_embeddings(model, length)  # (B, T, C)
     position = model.encoding.embed(x, Positions.build(length)) - x  # (B, T, C)
-    if name not in ADDS_TO_EMBEDDINGS:
-        assert torch.equal(position, torch.zeros_like(x)), f"{name} adds to the embeddings: list it"
+    if torch.equal(position, torch.zeros_like(x)):
+        assert name not in ADDS_TO_EMBEDDINGS, f"{name} no longer adds to the embeddings"
         return
     ratio = position.norm(dim=(0, 2)) / x.norm(dim=(0, 2))  # (T,)
     assert 0.5 <= float(ratio.min()) and float(ratio.max()) <= 2, (float(ratio.min()), float(ratio.max()))
@@ -82,7 +88,7 @@ def test_sinusoidal_forms_position_to_token_ratio(form: str, low: float, high: f
 def test_t5_bias_starts_at_its_reference_range(init: str, std: float) -> None:
     """xtransformers: W ~ N(0, 1) times sqrt(d_head) = sqrt(32); gpt2: N(0, 0.02^2), as the runs before."""
     model = default_model("t5", f"encoding.init={init}")
-    bias = model.encoding.bias(Positions.build(256))[0]  # (H, L, L): every bucket is reached within 256
+    bias = model.encoding.dense_bias(Positions.build(256))[0]  # (H, L, L): every bucket is reached within 256
     values = bias[:, 255, :].flatten()  # each head's values at distances 0..255
     table = model.encoding.table.detach()
     assert set(values.unique().tolist()) <= set((table * model.encoding.gain).flatten().tolist())
@@ -96,7 +102,7 @@ def kerple_step(param: str, lr: float = 0.01) -> tuple[torch.Tensor, torch.Tenso
     enc = model.encoding
     with torch.no_grad():
         enc.raw_p.copy_(enc.to_raw(torch.tensor([1.0, 1.5])))  # away from the floor
-    optimizer = build_optimizer(model, TrainConfig(lr=lr))
+    optimizer = train_optimizer(model, TrainConfig(lr=lr))
     tokens = torch.randint(0, VOCAB_SIZE, (2, 33), generator=torch.Generator().manual_seed(0))
     before, raw_before = enc.p.detach().clone(), enc.raw_p.detach().clone()
     F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
@@ -117,7 +123,7 @@ def test_kerple_is_clamped_after_every_optimizer_step() -> None:
     model = tiny_model("kerple").train()
     with torch.no_grad():
         model.encoding.raw_p.fill_(-1.0)  # far below the floor: one step of 0.01 cannot bring it back
-    optimizer = build_optimizer(model, TrainConfig(lr=0.01))
+    optimizer = train_optimizer(model, TrainConfig(lr=0.01))
     model(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
     optimizer.step()
     assert torch.equal(model.encoding.raw_p.detach(), torch.full((2,), FLOOR))
@@ -160,11 +166,11 @@ def test_learned_summary_reports_rows_trained_and_allocated() -> None:
 
 def groups_of(model: DecoderLM, cfg: TrainConfig, enc: EncodingOptimizer | None = None) -> dict[int, dict]:
     """id(parameter) -> its AdamW group."""
-    optimizer = build_optimizer(model, cfg, enc)
+    optimizer = train_optimizer(model, cfg, enc)
     return {id(p): group for group in optimizer.param_groups for p in group["params"]}
 
 
-@pytest.mark.parametrize("name", sorted(HAS_PARAMETERS))
+@pytest.mark.parametrize("name", HAS_PARAMETERS)
 def test_no_encoding_parameter_is_decayed_by_default(name: str) -> None:
     model = tiny_model(name)
     cfg = TrainConfig(weight_decay=0.1, lr=0.002)
@@ -179,7 +185,7 @@ def test_no_encoding_parameter_is_decayed_by_default(name: str) -> None:
 def test_encoding_group_learns_at_lr_times_lr_mult_through_the_schedule() -> None:
     cfg = typed_config(["+experiment=tiny", "encoding=t5", "encoding.lr_mult=3"])
     model = build_model(cfg, VOCAB_SIZE)
-    optimizer = build_optimizer(model, cfg.train, encoding_optimizer(cfg.encoding))
+    optimizer = train_optimizer(model, cfg.train, encoding_optimizer(cfg.encoding))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg.train))
     table = id(model.encoding.table)
     for step in range(5):  # warmup (2 steps in tiny), then cosine: each group's own lr times the schedule
@@ -221,10 +227,21 @@ def test_a_per_head_constant_bias_does_not_change_the_model() -> None:
     tokens = torch.randint(0, VOCAB_SIZE, (2, 24), generator=torch.Generator().manual_seed(0))
     sentence, paragraph = torch.arange(24).div(5, rounding_mode="floor").expand(2, 24), torch.zeros(2, 24)
     plain = model(tokens, sentence, paragraph.long())
-    original = model.encoding.bias
+    original = model.encoding.attention_form
     constant = torch.tensor([3.0, -2.0])[None, :, None, None]  # (1, H, 1, 1)
-    model.encoding.bias = lambda pos: original(pos) + constant  # type: ignore[method-assign]
+    shifted_forms: list[LowRank] = []
+
+    def with_constant(pos: Positions, queries: int, dtype: torch.dtype) -> LowRank:
+        """The token level plus the constant, beside the same sentence and paragraph factors."""
+        form = original(pos, queries, dtype)
+        assert isinstance(form, LowRank) and form.shared is not None
+        token = Additive(form.shared.dense_bias() + constant, dtype)
+        shifted_forms.append(LowRank(token, form.factors, dtype))
+        return shifted_forms[-1]
+
+    model.encoding.attention_form = with_constant  # type: ignore[method-assign]
     shifted = model(tokens, sentence, paragraph.long())
+    assert shifted_forms  # the model attended with the shifted bias
     # float32 rounding of scores ~3 in size: a few EPS32 of the logits; 1e-5 = 84 EPS32
     assert_close_to_scale(shifted, plain, rel=1e-5)
 

@@ -1,8 +1,10 @@
 """A GPT-style decoder: token embedding, N pre-norm blocks, final norm, tied LM head.
 
-The model never names an encoding: it calls the encoding's `embed`, `rotate` and `bias` hooks. The
-attention mask (causal mask plus the encoding's bias) is built once per forward pass and shared by all
-layers. There is no length cap: a model trained at 512 runs at any length.
+The model never names an encoding nor an attention form: it calls the encoding's `embed` and `rotate`,
+and attends with the form the encoding gives for the pass (`Encoding.attention_form`, per layer `layer_form`),
+built once per forward pass and shared by all layers. There is no length cap: a model trained at 512 runs
+at any length. With a `KVCache` the model decodes: each call adds its tokens to the cache, and their
+queries attend to every cached key through the same encoding's form over all the keys.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posab.attention import AttentionInputs, attention, causal_mask, full_mask
-from posab.encodings import INIT_STD, BiasFactors, Encoding, Positions
-from posab.errors import require, require_positive
+from posab.cache import KVCache, LayerCache
+from posab.encodings import INIT_STD, Encoding, Positions
+from posab.errors import ConfigError, require, require_positive
+from posab.forms import AttentionInputs, Form
 
 BACKENDS = ("sdpa", "flex")
 Observer = Callable[[AttentionInputs], None]  # called by each layer, in order, with what it attends from
@@ -30,7 +33,7 @@ class ModelConfig:
     n_heads: int = 4
     mlp_ratio: int = 4
     dropout: float = 0.0
-    attention: str = "sdpa"  # sdpa | flex (FlexAttention on GPUs, and in evaluation on the CPU)
+    attention: str = "sdpa"  # CPU: sdpa | flex (FlexAttention in evaluation); elsewhere each form's own path
 
     def validate(self) -> None:
         require_positive("model", self, ("d_model", "n_layers", "n_heads", "mlp_ratio"))
@@ -46,26 +49,19 @@ class ModelConfig:
 class LayerContext:
     """What every layer's attention shares in one forward pass: built once by `DecoderLM.forward`."""
 
-    encoding: Encoding
-    pos: Positions
-    mask: Tensor | None  # (1|B, H, T, T) additive, causal part included, or None (causal only)
-    scale: Tensor | None  # (1|B, H, T, T) multiplies q.k / sqrt(D) before the mask, or None
-    factors: BiasFactors | None  # a per-sample bias of low rank (the hierarchical levels), or None
-    whole: Tensor | None  # (B, H, T, T) mask + the factors' product, no gradient (with factors only)
+    encoding: Encoding  # rotates each layer's queries and keys; gives each layer its form
+    pos: Positions  # of this call's tokens (in a cached decoding step: the new ones)
+    form: Form  # how position enters attention in this pass (`Encoding.attention_form`)
     observe: Observer | None  # called by each layer with its `AttentionInputs`, or None
 
 
-def attention_mask(bias: Tensor | None, length: int, dtype: torch.dtype) -> Tensor | None:
-    """Additive float mask (1|B, H, T, T) holding the causal mask and the bias; None when there is no bias."""
-    if bias is None:
-        return None
-    return (bias + causal_mask(length, bias.device)).to(dtype)
-
-
 def attention_dtype(x: Tensor) -> torch.dtype:
-    """The dtype q and k will have: the autocast dtype when autocast is on, else x's."""
-    device_type = x.device.type
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+    """The dtype q and k will have: the autocast dtype when autocast is on, else x's (also on a device
+    autocast does not know, such as `meta`)."""
+    kind = x.device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return x.dtype
 
 
 class CausalSelfAttention(nn.Module):
@@ -88,19 +84,19 @@ class CausalSelfAttention(nn.Module):
         q, k = encoding.rotate(q, k, pos)
         return q, k, v
 
-    def forward(self, x: Tensor, layer: LayerContext) -> Tensor:
-        """x: (B, T, C) -> (B, T, C); `layer.observe`, when set, receives q, k, the whole mask and scale."""
+    def forward(self, x: Tensor, layer: LayerContext, cache: LayerCache | None = None) -> Tensor:
+        """x: (B, c, C) -> (B, c, C); with a `cache`, the new keys and values are appended to it and the
+        queries attend to all of them. `layer.observe`, when set, receives q, k and the layer's form."""
         b, t, c = x.shape
-        q, k, v = self.queries_keys_values(x, layer.encoding, layer.pos)  # 3 x (B, H, T, D)
-        mixer = layer.encoding.score_mixer(self.index)  # None but for DAPE
+        q, k, v = self.queries_keys_values(x, layer.encoding, layer.pos)  # 3 x (B, H, c, D)
+        if cache is not None:
+            k, v = cache.extend(k, v)  # 2 x (B, H, n, D)
+        form = layer.encoding.layer_form(layer.form, self.index)
         if layer.observe is not None:
-            mask = layer.mask if layer.whole is None else layer.whole
-            layer.observe(AttentionInputs(q, k, mask, layer.scale, mixer))
+            layer.observe(AttentionInputs(q, k, form))
         dropout = self.dropout if self.training else 0.0
-        y = attention(
-            q, k, v, layer.mask, dropout, self.backend, layer.scale, layer.factors, layer.whole, mixer
-        )  # (B, H, T, D)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))  # (B, H, T, D) -> (B, T, C)
+        y = form.attend(q, k, v, dropout, self.backend)  # (B, H, c, D)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))  # (B, H, c, D) -> (B, c, C)
 
 
 class MLP(nn.Module):
@@ -122,8 +118,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, layer: LayerContext) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), layer))
+    def forward(self, x: Tensor, layer: LayerContext, cache: LayerCache | None = None) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), layer, cache))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -139,7 +135,7 @@ class DecoderLM(nn.Module):
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied
         self._init_weights()
-        self._mask_cache: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
+        self._form_cache: dict[tuple[int, torch.dtype, torch.device], Form] = {}
 
     def _init_weights(self) -> None:
         """GPT-2 initialisation (std INIT_STD); residual projections scaled by 1/sqrt(2 * n_layers)."""
@@ -156,36 +152,49 @@ class DecoderLM(nn.Module):
         tokens: Tensor,
         sentence: Tensor | None = None,
         paragraph: Tensor | None = None,
-        offset: int = 0,
+        offset: int | None = None,
         observe: Observer | None = None,
+        cache: KVCache | None = None,
     ) -> Tensor:
-        """tokens, sentence, paragraph: (B, T) -> logits (B, T, V). `offset` shifts every token position;
-        `observe` is called by every layer, in order, with the inputs of its attention (`AttentionInputs`)."""
-        _, t = tokens.shape
-        pos = Positions.build(t, tokens.device, offset, sentence, paragraph)
-        x = self.encoding.embed(self.embed(tokens), pos)  # (B, T, C)
-        mask = self._mask(pos, attention_dtype(x))
-        scale = self.encoding.score_scale(pos)  # (1|B, H, T, T) or, for most encodings, None
-        factors = self.encoding.bias_factors(pos)  # None but for the hierarchical bias
-        with torch.no_grad():  # built once for every layer; gradients reach the factors in `attention`
-            whole = None if factors is None else full_mask(mask, factors, attention_dtype(x))
-        layer = LayerContext(self.encoding, pos, mask, scale, factors, whole, observe)
-        for block in self.blocks:
-            x = block(x, layer)
+        """tokens, sentence, paragraph: (B, c) -> logits (B, c, V). `offset`: the position of the first token
+        (default 0, or with a non-empty `cache` the position after its last token); `observe` is called by
+        every layer, in order, with the inputs of its attention (`AttentionInputs`); with a `cache` the
+        tokens follow the cached ones and are added to it (cached decoding)."""
+        pos = Positions.build(
+            tokens.shape[1], tokens.device, self._offset(offset, cache), sentence, paragraph
+        )
+        x = self.encoding.embed(self.embed(tokens), pos)  # (B, c, C)
+        keys = pos if cache is None else cache.keys_for(pos)
+        layer = LayerContext(self.encoding, pos, self._form(keys, pos.length, attention_dtype(x)), observe)
+        for index, block in enumerate(self.blocks):
+            x = block(x, layer, None if cache is None else cache.layer(index))
+        if cache is not None:
+            cache.positions = keys
         return self.head(self.norm(x))
 
-    def _mask(self, pos: Positions, dtype: torch.dtype) -> Tensor | None:
-        """The attention mask, built once per forward pass; without gradients, an encoding whose bias depends
-        only on the length (`static_bias`) has its mask cached per length (cleared by `train()`)."""
-        if not self.encoding.static_bias or torch.is_grad_enabled():
-            return attention_mask(self.encoding.bias(pos), pos.length, dtype)
-        key = (pos.length, dtype, pos.token.device)
-        if key not in self._mask_cache:
-            self._mask_cache[key] = attention_mask(self.encoding.bias(pos), pos.length, dtype)
-        return self._mask_cache[key]
+    @staticmethod
+    def _offset(offset: int | None, cache: KVCache | None) -> int:
+        """The first new token's position: `offset`, else 0 or the one after the cache's last."""
+        following = 0 if cache is None or cache.positions is None else cache.positions.last + 1
+        if offset is not None and cache is not None and cache.positions is not None and offset != following:
+            raise ConfigError(
+                f"offset={offset}: the cache's tokens end at position {following - 1}, so the next token is "
+                f"at {following}; pass offset=None (or {following}) to continue, or start a new KVCache"
+            )
+        return following if offset is None else offset
+
+    def _form(self, keys: Positions, queries: int, dtype: torch.dtype) -> Form:
+        """The pass's attention form; without gradients, over a whole window, that of an encoding whose form
+        depends only on the length (`static_form`) is cached per length (cleared by `train()`)."""
+        if not self.encoding.static_form or torch.is_grad_enabled() or queries != keys.length:
+            return self.encoding.attention_form(keys, queries, dtype)
+        key = (queries, dtype, keys.token.device)
+        if key not in self._form_cache:
+            self._form_cache[key] = self.encoding.attention_form(keys, queries, dtype)
+        return self._form_cache[key]
 
     def train(self, mode: bool = True) -> DecoderLM:
-        self._mask_cache.clear()  # the parameters may change: never serve a stale bias
+        self._form_cache.clear()  # the parameters may change: never serve a stale bias
         return super().train(mode)
 
     def parameter_counts(self) -> dict[str, int]:

@@ -5,8 +5,9 @@ from typing import Any
 
 from hydra.utils import get_class
 
-from posab.encodings.base import INIT_STD, BiasFactors, Dims, Encoding, Positions
+from posab.encodings.base import INIT_STD, Dims, Encoding, Positions
 from posab.errors import ConfigError
+from posab.forms import BiasFactors
 
 __all__ = [
     "INIT_STD",

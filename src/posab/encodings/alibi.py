@@ -9,7 +9,8 @@ import math
 import torch
 from torch import Tensor
 
-from posab.encodings.base import Dims, Encoding, Positions, distances, toeplitz
+from posab.encodings.base import Dims, Encoding, Positions
+from posab.forms import Form
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -27,15 +28,14 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 class ALiBi(Encoding):
     relative_only = True
-    static_bias = True
+    static_form = True
 
     def __init__(self, dims: Dims) -> None:
         super().__init__(dims)
         self.register_buffer("slopes", alibi_slopes(dims.n_heads), persistent=False)  # (H,)
 
-    def bias(self, pos: Positions) -> Tensor:
-        table = self.distance_bias(distances(pos.length, self.slopes.device))  # (H, 2L-1)
-        return toeplitz(table, pos.length)[None]  # (1, H, L, L)
+    def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
+        return self.distance_form(pos, queries, dtype)
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         """(D,) query-minus-key distances -> (H, D) the bias -m_h * d (the extrapolation audit reads it)."""

@@ -1,13 +1,16 @@
 """The one interface the model calls, whatever encoding it holds.
 
-An encoding may add to the token embeddings (`embed`), rotate queries and keys (`rotate`), return an
-additive attention bias (`bias`, and a per-sample part of low rank as `bias_factors`), a multiplicative
-factor on the attention scores (`score_scale`) and/or a function of the logits and the bias at every pair
-(`score_mixer`, per layer: DAPE).
-All are no-ops by default. Everything an encoding needs about positions arrives in one `Positions` value.
+An encoding may add to the token embeddings (`embed`), rotate queries and keys (`rotate`), and say how
+position enters attention as one attention form per forward pass (`attention_form`, per layer
+`layer_form`; the forms own their math: `posab.forms`). All are no-ops by default (causal attention
+alone). Everything an encoding needs about positions arrives in one `Positions` value: in a cached
+decoding step, those of the new tokens (`embed`, `rotate`) and of every key (`attention_form`), so every
+encoding decodes with a cache.
 An encoding may also offer evaluation-time variants (`variants`, `variant`: RoPE's context extensions),
 keep its parameters in their valid set after each optimizer step (`constrain`), report numbers about
-itself with the run's parameter counts (`summary`), and checks its own config node (`check_params`).
+itself with the run's parameter counts (`summary`), check its own config node (`check_params`), say which
+settings may change on a finished run (`same_in_training`) and expose its bias by distance to the
+extrapolation audit (`distance_bias`, `bias_features`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from posab.errors import ConfigError
+from posab.forms import Additive, Causal, Form
+from posab.positions import Positions
 
 # The evaluation-time variants an encoding may offer (`Encoding.variants`): the context extensions of RoPE
 # (position interpolation, NTK-aware scaling, YaRN); the perplexity evaluator scores the ones it is asked for.
@@ -53,61 +58,18 @@ class Dims:
         return self.d_model // self.n_heads
 
 
-@dataclass
-class Positions:
-    """Where each token is.
-
-    token: (T,) absolute token positions, `offset + arange(T)`; the same for every row of the batch.
-    sentence, paragraph: (B, T) sentence and paragraph indices of each token, or None when unknown.
-    """
-
-    token: Tensor
-    sentence: Tensor | None = None
-    paragraph: Tensor | None = None
-
-    @staticmethod
-    def build(
-        length: int,
-        device: torch.device | str = "cpu",
-        offset: int = 0,
-        sentence: Tensor | None = None,
-        paragraph: Tensor | None = None,
-    ) -> Positions:
-        token = torch.arange(offset, offset + length, device=device)
-        return Positions(token=token, sentence=sentence, paragraph=paragraph)
-
-    @property
-    def length(self) -> int:
-        return self.token.shape[0]
-
-
-@dataclass
-class BiasFactors:
-    """An additive attention bias of rank R per sample, as two factors:
-    bias[b, h, i, j] = query[b, h, i, :] . key[b, 0, j, :].
-
-    The model never forms the (B, H, T, T) product: it appends the factors to q and k as R extra channels
-    (`posab.attention`), so a per-sample bias costs R channels of the attention's own matmuls.
-    """
-
-    query: Tensor  # (B, H, T, R)
-    key: Tensor  # (B, 1, T, R)
-
-    def dense(self) -> Tensor:
-        """The bias itself: (B, H, T, R) @ (B, 1, R, T) -> (B, H, T, T)."""
-        return torch.matmul(self.query, self.key.transpose(-1, -2))
-
-
 class Encoding(nn.Module):
     """Base class: no positional information at all (NoPE) unless a method is overridden.
 
     `relative_only` is True when the encoding's effect depends only on differences of positions, so the
-    model's outputs must not change when every position is offset by the same amount. `static_bias` is
-    True when `bias` depends only on the sequence length (not on offsets or sentence structure).
+    model's outputs must not change when every position is offset by the same amount. `static_form` is
+    True when `form` depends only on the sequence length (not on offsets or sentence structure).
     """
 
     relative_only: bool = True
-    static_bias: bool = False  # `bias` depends only on the sequence length (it may be cached per length)
+    static_form: bool = (
+        False  # `attention_form` depends only on the lengths (the model may cache it per length)
+    )
     variants: tuple[str, ...] = ()  # evaluation-time variants `variant` accepts (none by default)
 
     def __init__(self, dims: Dims) -> None:
@@ -122,30 +84,42 @@ class Encoding(nn.Module):
         """q, k: (B, H, T, D) -> rotated (B, H, T, D)."""
         return q, k
 
-    def bias(self, pos: Positions) -> Tensor | None:
-        """Additive attention bias (1 or B, H, T, T) with [.., i, j] for query i and key j, or None."""
-        return None
+    def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
+        """How position enters attention in this forward pass: `pos` the positions of the n keys, the
+        queries their last `queries` (all of them but in a cached decoding step), `dtype` the attention
+        dtype (any mask is built in it). Causal attention alone by default."""
+        return Causal()
 
-    def bias_factors(self, pos: Positions) -> BiasFactors | None:
-        """A per-sample additive bias of low rank, added to `bias`, or None (most encodings)."""
-        return None
+    def layer_form(self, form: Form, layer: int) -> Form:
+        """The form of attention layer `layer` given the pass's `form` (the same by default; DAPE: its
+        function of the logits and the bias, one per layer)."""
+        return form
+
+    def distance_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Additive:
+        """The additive form of a bias by distance, from `distance_bias` on the 2n-1 distances of n keys."""
+        table = self.distance_bias(distances(pos.length, pos.token.device))  # (H, 2n-1)
+        return Additive.by_distance(table, queries, pos.length, dtype)
 
     def dense_bias(self, pos: Positions) -> Tensor | None:
-        """The whole additive bias as one tensor, `bias` plus the product of `bias_factors`:
-        (1 or B, H, T, T), or None. For checking and analysis; the model never forms it."""
-        bias, factors = self.bias(pos), self.bias_factors(pos)
-        if factors is None:
-            return bias
-        return factors.dense() if bias is None else bias + factors.dense()
+        """The whole additive bias of a window, without the causal mask: (1|B, H, T, T) float32, or None.
+        For checking and analysis; the model never forms it unless a path needs it."""
+        return self.attention_form(pos, pos.length, torch.float32).dense_bias()
 
-    def score_scale(self, pos: Positions) -> Tensor | None:
-        """Multiplicative factor (1 or B, H, T, T) on q.k / sqrt(d) before the bias, or None (form (2))."""
+    def distance_bias(self, distance: Tensor) -> Tensor | None:
+        """(D,) distances i - j >= 0 -> (H, D) the additive bias by distance (for a bias that depends on the
+        query too: that of the query i = max(distance)), or None without one (the extrapolation audit)."""
         return None
 
-    def score_mixer(self, layer: int) -> nn.Module | None:
-        """A function of the scaled logits A and the bias B at every pair that replaces A + B in attention
-        layer `layer` (form (4), DAPE's `ScoreMixer`: mixer(A, B) on (B, H, c, n) chunks), or None."""
+    def bias_features(self, distance: Tensor) -> Tensor | None:
+        """(D,) distances as `distance_bias` -> (D, F) the features a bias MLP reads, or None."""
         return None
+
+    @classmethod
+    def same_in_training(cls, setting: str, before: Any, after: Any, train_len: int) -> bool:
+        """Whether changing `encoding.<setting>` from `before` to `after` leaves training unchanged at
+        training length `train_len` (so `posab evaluate` may change it on a finished run). Never, by
+        default."""
+        return False
 
     def constrain(self) -> None:
         """Put the parameters back into their valid set; the optimizer calls it after every step (KERPLE's

@@ -14,7 +14,7 @@ scaled logits x before the causal mask), with one MLP per attention layer (megat
 builds the position module inside each layer's attention). Future keys (j > i) are masked after f, so f
 only sees the logits and the bias of the pairs it scores: the bias there is 0, as in the reference's tril.
 
-The model never forms f on all (B, H, L, L) pairs at once: `posab.attention.mixed_attention` runs f over
+The model never forms f on all (B, H, L, L) pairs at once: `dape_kernel.mixed_attention` runs f over
 query chunks and the keys they see (causality skips the rest), and recomputes it in the backward pass.
 """
 
@@ -27,7 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posab.encodings.base import Dims, Encoding, Positions
+from posab.encodings.dape_kernel import Mixed
 from posab.errors import ConfigError
+from posab.forms import Additive, Form
 
 LEAKY_SLOPE = 0.01  # nn.LeakyReLU's default, as the reference code uses it
 
@@ -50,12 +52,15 @@ class ScoreMixer(nn.Module):
 
 
 def additive_only(encoding: Encoding) -> bool:
-    """Whether an encoding acts only through its additive bias `bias` (what DAPE can build on)."""
+    """Whether an encoding acts only through an additive bias shared by the batch, its form `Additive`
+    (what DAPE can build on)."""
     cls = type(encoding)
     hooks_untouched = all(
-        getattr(cls, hook) is getattr(Encoding, hook) for hook in ("embed", "rotate", "bias_factors")
+        getattr(cls, hook) is getattr(Encoding, hook) for hook in ("embed", "rotate", "layer_form")
     )
-    return hooks_untouched and encoding.score_scale(Positions.build(2)) is None
+    return hooks_untouched and isinstance(
+        encoding.attention_form(Positions.build(2), 2, torch.float32), Additive
+    )
 
 
 class DAPE(Encoding):
@@ -76,24 +81,25 @@ class DAPE(Encoding):
                 "scale or per-sample factors); DAPE builds on an additive bias: ALiBi, T5, FIRE, KERPLE or "
                 "multiscale with form=additive"
             )
-        self.relative_only, self.static_bias = self.base.relative_only, self.base.static_bias
+        self.relative_only, self.static_form = self.base.relative_only, self.base.static_form
         self.mixers = nn.ModuleList(ScoreMixer(dims.n_heads, width) for _ in range(dims.n_layers))
 
-    def bias(self, pos: Positions) -> Tensor | None:
-        return self.base.bias(pos)
+    def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
+        return self.base.attention_form(
+            pos, queries, dtype
+        )  # the base's additive bias, shared by every layer
 
-    def score_mixer(self, layer: int) -> ScoreMixer:
-        return self.mixers[layer]
+    def layer_form(self, form: Form, layer: int) -> Mixed:
+        """Layer `layer`'s function of the logits and the base's bias (`dape_kernel.Mixed`)."""
+        return Mixed(form, self.mixers[layer])  # type: ignore[arg-type]  # an Additive (`additive_only`)
 
     def distance_bias(self, distance: Tensor) -> Tensor | None:
         """The base encoding's b_h(d) (the extrapolation audit reads the prior f builds on)."""
-        reader = getattr(self.base, "distance_bias", None)
-        return None if reader is None else reader(distance)
+        return self.base.distance_bias(distance)
 
     def bias_features(self, distance: Tensor) -> Tensor | None:
         """The base MLP's input features (the audit's novelty), or None when the base has no MLP."""
-        reader = getattr(self.base, "bias_features", None)
-        return None if reader is None else reader(distance)
+        return self.base.bias_features(distance)
 
     def constrain(self) -> None:
         self.base.constrain()

@@ -20,8 +20,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding, Positions, distances, toeplitz
+from posab.encodings.base import Dims, Encoding, Positions, distances
 from posab.errors import ConfigError
+from posab.forms import Additive, Form, block_toeplitz
 
 
 def relu_mlp_pieces(mlp: nn.Sequential) -> tuple[Tensor, Tensor, Tensor]:
@@ -72,16 +73,19 @@ class FIRE(Encoding):
         """psi(x) = ln(1 + c x), elementwise."""
         return torch.log1p(self.c * x)
 
-    def inputs(self, pos: Positions) -> Tensor:
-        """(L, L) MLP inputs psi(i - j) / psi(max(i, L_thr)), in [0, 1] for j <= i; 0 for j > i."""
-        t = pos.length
-        psi_d = self.psi(distances(t, self.log_c.device).clamp(min=0))  # (2L-1,)
-        numer = toeplitz(psi_d[None], t)[0]  # (1, 2L-1) -> (1, L, L) -> (L, L)
-        denom = self.psi(torch.maximum(pos.token.float(), self.threshold))  # (L,)
-        return numer / denom[:, None]  # (L, L)
+    def inputs(self, pos: Positions, queries: int | None = None) -> Tensor:
+        """(c, n) MLP inputs psi(i - j) / psi(max(i, L_thr)) of the last `queries` queries (default all n)
+        over the n keys, in [0, 1] for j <= i; 0 for j > i."""
+        n = pos.length
+        c = n if queries is None else queries
+        psi_d = self.psi(distances(n, pos.token.device).clamp(min=0))  # (2n-1,)
+        numer = block_toeplitz(psi_d[None], c, n)[0]  # (1, 2n-1) -> (1, c, n) -> (c, n)
+        denom = self.psi(torch.maximum(pos.token[-c:].float(), self.threshold))  # (c,)
+        return numer / denom[:, None]  # (c, n)
 
-    def bias(self, pos: Positions) -> Tensor:
-        return self._mlp(self.inputs(pos))[None]  # (H, L, L) -> (1, H, L, L)
+    def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
+        """A bias by distance and query position: the dense form, (1, H, c, n)."""
+        return Additive(self._mlp(self.inputs(pos, queries))[None], dtype)  # (H, c, n) -> (1, H, c, n)
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         """(D,) distances i - j >= 0 -> (H, D) the bias of the query i = max(distance), as `bias` computes
@@ -96,7 +100,8 @@ class FIRE(Encoding):
     def _mlp(self, x: Tensor) -> Tensor:
         """The MLP through its linear pieces: (N, M) inputs -> (H, N, M)."""
         kinks, slopes, intercepts = relu_mlp_pieces(self.mlp)
-        seg = torch.searchsorted(kinks, x.detach(), out_int32=True).flatten()  # (N*M,): number of kinks < x
+        inputs = x.detach().contiguous()  # a block's inputs are a strided view
+        seg = torch.searchsorted(kinks, inputs, out_int32=True).flatten()  # (N*M,): number of kinks < x
         slope = slopes.t().index_select(1, seg).view(-1, *x.shape)  # (H, K+1) -> (H, N*M) -> (H, N, M)
         intercept = intercepts.t().index_select(1, seg).view(-1, *x.shape)  # (H, N*M) -> (H, N, M)
         return torch.addcmul(intercept, slope, x)  # (H, N, M)

@@ -15,16 +15,21 @@ per-distance tables (the mix is linear: exactly the note's mix of the per-pair b
   with multiscale's `clamp` (b(d) = b(min(d, N)); issue 28's arm on the token level).
 - A sentence (paragraph) level is per sample, but of low rank: with u_j = s_j - min(s) in 0..R-1 over the
   window, b(s_i - s_j) = sum_v b(u_i - v) [u_j = v], so the bias is U E^T with U[i, v] = b(u_i - v) and E
-  the one-hot of u_j: R = (the window's sentence span + 1) channels (`bias_factors`), about L / 60 for
-  text. The model appends them to q and k; no (B, H, L, L) tensor is built, nor its gradient.
+  the one-hot of u_j: R = (the window's sentence span + 1) channels, about L / 60 for text (the form
+  `LowRank`); no (B, H, L, L) gradient is built. R is read from the indices on the host, which on the CPU
+  is no synchronisation; on any other device the levels are gathered by index from their tables instead
+  (b[h, s_i - s_j], one (B, H, c, n) tensor), so the forward pass never waits on the device.
 """
+
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import BiasFactors, Dims, Encoding, Positions, distances, toeplitz
-from posab.encodings.multiscale import DistanceMLP, clamp_distance
+from posab.encodings.base import Dims, Encoding, Positions, distances
+from posab.encodings.multiscale import DistanceMLP, clamp_distance, clamp_unseen_in_training
 from posab.errors import ConfigError
+from posab.forms import Additive, BiasFactors, Form, LowRank
 
 LEVELS = ("token", "sentence", "paragraph")
 COMBINES = ("mix", "sum")
@@ -32,7 +37,6 @@ COMBINES = ("mix", "sum")
 
 class Hierarchical(Encoding):
     relative_only = True
-    static_bias = True  # `bias` (the token level); the structural levels come through `bias_factors`
 
     def __init__(
         self,
@@ -60,11 +64,26 @@ class Hierarchical(Encoding):
             # mix[l] maps level l's H heads to the output H heads; starts as the plain sum
             self.mix = nn.Parameter(torch.eye(h).repeat(len(self.levels), 1, 1))  # (levels, H, H)
 
-    def bias(self, pos: Positions) -> Tensor | None:
-        """The token level: (1, H, L, L), or None without it."""
-        device = self.level_mlps[self.levels[0]].taus.device
-        table = self.distance_bias(distances(pos.length, device))  # (H, 2L-1), or None
-        return None if table is None else toeplitz(table, pos.length)[None]  # (1, H, L, L)
+    @property
+    def static_form(self) -> bool:  # type: ignore[override]
+        return self.levels == ("token",)
+
+    def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
+        """The token level by distance beside the structural levels: `LowRank` on the CPU (factors),
+        elsewhere one `Additive` with the levels gathered by index."""
+        token = self.distance_form(pos, queries, dtype) if "token" in self.levels else None
+        structural = [level for level in self.levels if level != "token"]
+        if not structural:
+            return token
+        if pos.token.device.type != "cpu":
+            gathered = sum(self._level_gathered(level, pos, queries) for level in structural)
+            return Additive(gathered if token is None else token.dense_bias() + gathered, dtype)
+        return LowRank(token, self.bias_factors(pos, queries), dtype)
+
+    @classmethod
+    def same_in_training(cls, setting: str, before: Any, after: Any, train_len: int) -> bool:
+        """`clamp` between reaches that never act in training (none, or >= train_len - 1)."""
+        return setting == "clamp" and clamp_unseen_in_training(before, after, train_len, "hierarchical")
 
     def distance_bias(self, distance: Tensor) -> Tensor | None:
         """(D,) token distances i - j -> (H, D) the token level's bias after the mix, or None without that
@@ -80,20 +99,26 @@ class Hierarchical(Encoding):
             return None
         return self.level_mlps["token"].features(self._clamped(distance))
 
-    def bias_factors(self, pos: Positions) -> BiasFactors | None:
-        """The sentence and paragraph levels, their factors side by side: (B, H, L, R_s + R_p) and
-        (B, 1, L, R_s + R_p); None with the token level alone."""
+    def bias_factors(self, pos: Positions, queries: int) -> BiasFactors:
+        """The sentence and paragraph levels, their factors side by side: (B, H, c, R_s + R_p) for the last
+        `queries` queries and (B, 1, n, R_s + R_p) for every key."""
         factors = [self._level_factors(level, pos) for level in self.levels if level != "token"]
-        if not factors:
-            return None
         if len(factors) == 1:
-            return factors[0]
-        query = torch.cat([f.query for f in factors], dim=-1)  # (B, H, L, R_s + R_p)
-        key = torch.cat([f.key for f in factors], dim=-1)  # (B, 1, L, R_s + R_p)
-        return BiasFactors(query, key)
+            query, key = factors[0].query, factors[0].key
+        else:
+            query = torch.cat([f.query for f in factors], dim=-1)  # (B, H, n, R_s + R_p)
+            key = torch.cat([f.key for f in factors], dim=-1)  # (B, 1, n, R_s + R_p)
+        return BiasFactors(query if queries == pos.length else query[:, :, -queries:], key)
+
+    def _level_gathered(self, level: str, pos: Positions, queries: int) -> Tensor:
+        """One structural level gathered by index: (B, H, c, n), b(s_i - s_j) from its (H, 2n-1) table."""
+        units, n = self._indices(pos, level), pos.length  # (B, n)
+        table = self._mixed(level, self.level_mlps[level](distances(n, units.device)))  # (H, 2n-1)
+        relative = units[:, -queries:, None] - units[:, None, :]  # (B, c, n), |s_i - s_j| < n
+        return table[:, relative + (n - 1)].transpose(0, 1)  # (H, B, c, n) -> (B, H, c, n)
 
     def _level_factors(self, level: str, pos: Positions) -> BiasFactors:
-        """U (B, H, L, R) and E (B, 1, L, R) of one structural level; R = its largest span + 1."""
+        """U (B, H, n, R) and E (B, 1, n, R) of one structural level; R = its largest span + 1."""
         units = self._indices(pos, level)  # (B, L)
         unit = units - units.amin(dim=1, keepdim=True)  # (B, L): u = 0 .. span per sample
         rank = int(unit.max()) + 1

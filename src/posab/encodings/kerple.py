@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding, Positions, distances, toeplitz
+from posab.encodings.base import Dims, Encoding, Positions
 from posab.errors import ConfigError
+from posab.forms import Form
 
 FLOOR = 0.01  # the reference code clamps p and a to at least this
 PARAMS = ("clamp", "softplus")
@@ -34,7 +35,7 @@ def inverse_softplus(y: Tensor) -> Tensor:
 
 class Kerple(Encoding):
     relative_only = True
-    static_bias = True
+    static_form = True
 
     def __init__(self, dims: Dims, param: str = "clamp") -> None:
         super().__init__(dims)
@@ -68,9 +69,8 @@ class Kerple(Encoding):
             self.raw_p.clamp_(min=FLOOR)
             self.raw_a.clamp_(min=FLOOR)
 
-    def bias(self, pos: Positions) -> Tensor:
-        table = self.distance_bias(distances(pos.length, self.raw_p.device))  # (H, 2L-1)
-        return toeplitz(table, pos.length)[None]  # (1, H, L, L)
+    def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
+        return self.distance_form(pos, queries, dtype)
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         """(D,) query-minus-key distances -> (H, D) the bias -p_h ln(1 + a_h d), future distances clamped to

@@ -57,7 +57,7 @@ class Learned(Encoding):
         return {"learned/rows_allocated": self.num_rows, "learned/rows_trained": trained}
 
     def embed(self, x: Tensor, pos: Positions) -> Tensor:
-        last = int(pos.token.max())
+        last = pos.last  # on the host: no read of `pos.token` from its device
         if last >= self.num_rows:
             raise ConfigError(
                 f"learned position embeddings: position {last} needs a row, but the table has "

@@ -23,17 +23,25 @@ Options (the note's defaults first):
 """
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding, Positions, distances, toeplitz
+from posab.encodings.base import Dims, Encoding, Positions, distances
 from posab.errors import ConfigError
+from posab.forms import Additive, Form, Scaled
 
 SPACINGS = ("log", "linear")
 INPUTS = ("raw", "log", "fire", "fire_held")
 FORMS = ("additive", "multiplicative")
 CHUNK = 1 << 20  # distinct inputs per MLP call when they are many (fire input beyond the training length)
+
+
+def clamp_unseen_in_training(before: Any, after: Any, train_len: int, label: str) -> bool:
+    """Whether both clamps leave every training distance (<= train_len - 1) its own input."""
+    reaches = [clamp_distance(value, train_len, label) for value in (before, after)]
+    return all(reach is None or reach >= train_len - 1 for reach in reaches)
 
 
 def clamp_distance(clamp: int | str | None, train_len: int, label: str = "multiscale") -> int | None:
@@ -85,7 +93,7 @@ class DistanceMLP(nn.Module):
 
 class MultiScale(Encoding):
     relative_only = True
-    static_bias = True
+    static_form = True
 
     def __init__(
         self,
@@ -105,7 +113,7 @@ class MultiScale(Encoding):
         if form not in FORMS:
             raise ConfigError(f"multiscale form={form!r}: use one of {list(FORMS)}")
         self.input, self.max_dist, self.train_len = input, max_dist, dims.train_len
-        self.relative_only = self.static_bias = input != "fire"
+        self.relative_only = self.static_form = input != "fire"
         self.distance_mlp = DistanceMLP(dims.n_heads, num_freqs, max_dist, hidden, spacing)
         self.gate_mlp = (
             DistanceMLP(dims.n_heads, num_freqs, max_dist, hidden, spacing) if form == FORMS[1] else None
@@ -114,8 +122,20 @@ class MultiScale(Encoding):
             nn.init.zeros_(self.gate_mlp.mlp[-1].weight)  # g(d) = 1 at the start
             nn.init.zeros_(self.gate_mlp.mlp[-1].bias)
 
-    def bias(self, pos: Positions) -> Tensor:
-        return self._pairwise(self.distance_mlp, pos)
+    def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
+        bias = self._pairwise(self.distance_mlp, pos, queries, dtype)
+        if self.gate_mlp is None:
+            return bias
+        gate = self._pairwise(self.gate_mlp, pos, queries, dtype).dense_bias()  # (1, H, c, n)
+        return Scaled(1.0 + gate, bias)
+
+    @classmethod
+    def same_in_training(cls, setting: str, before: Any, after: Any, train_len: int) -> bool:
+        """`clamp` between reaches that never act in training (none, or >= train_len - 1), and `input`
+        between `fire` and `fire_held`, which agree at every query below the training length."""
+        if setting == "clamp":
+            return clamp_unseen_in_training(before, after, train_len, "multiscale")
+        return setting == "input" and {before, after} <= {"fire", "fire_held"}
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         """(D,) distances i - j >= 0 -> (H, D) the additive bias b(d) as `bias` computes it; with the `fire`
@@ -127,23 +147,19 @@ class MultiScale(Encoding):
         """(D,) distances as `distance_bias` -> (D, 2K) the bias MLP's input features (audit: novelty)."""
         return self.distance_mlp.features(self._inputs(distance))
 
-    def score_scale(self, pos: Positions) -> Tensor | None:
-        if self.gate_mlp is None:
-            return None
-        return 1.0 + self._pairwise(self.gate_mlp, pos)
-
-    def _pairwise(self, mlp: DistanceMLP, pos: Positions) -> Tensor:
-        """(1, H, L, L): from the 2L-1 distances, or from the distinct FIRE inputs."""
-        if self.input == "fire" and int(pos.token.max()) >= self.train_len:
-            return self._query_normalised(mlp, pos)[None]
-        d = self._clamped(distances(pos.length, mlp.taus.device))  # (2L-1,)
-        return toeplitz(mlp(self._transform(d)), pos.length)[None]
+    def _pairwise(self, mlp: DistanceMLP, pos: Positions, queries: int, dtype: torch.dtype) -> Additive:
+        """`mlp`'s bias as a form: from the 2n-1 distances, or from the distinct FIRE inputs of the queries
+        (their largest position read on the host: `Positions.last`)."""
+        if self.input == "fire" and pos.last >= self.train_len:
+            return Additive(self._query_normalised(mlp, pos, queries)[None], dtype)  # (1, H, c, n)
+        d = self._clamped(distances(pos.length, pos.token.device))  # (2n-1,)
+        return Additive.by_distance(mlp(self._transform(d)), queries, pos.length, dtype)
 
     def _inputs(self, distance: Tensor) -> Tensor:
         """(D,) the MLP's scalar inputs at distances i - j >= 0 for the query i = max(distance), on the branch
         `_pairwise` takes for a window whose last query is i."""
         query = distance.max()
-        if self.input == "fire" and int(query) >= self.train_len:
+        if self.input == "fire" and int(query) >= self.train_len:  # the audit's curve, not a forward pass
             return self._fire_input(self._clamped(distance), query)
         return self._transform(self._clamped(distance))
 
@@ -160,15 +176,15 @@ class MultiScale(Encoding):
             return torch.log1p(d.clamp_min(0)) / math.log1p(self.train_len) * self.max_dist
         return d
 
-    def _query_normalised(self, mlp: DistanceMLP, pos: Positions) -> Tensor:
-        """FIRE input past the training length: the MLP on the distinct (query, distance) inputs.
-
-        Returns (H, L, L)."""
-        i = pos.token.float()
-        d = self._clamped(i[:, None] - i[None, :])  # (L, L)
+    def _query_normalised(self, mlp: DistanceMLP, pos: Positions, queries: int) -> Tensor:
+        """FIRE input past the training length: the MLP on the distinct (query, distance) inputs of the last
+        `queries` queries (`torch.unique`: a host synchronisation, and no meta kernel). Returns (H, c, n)."""
+        keys = pos.token.float()  # (n,)
+        i = keys[-queries:]  # (c,)
+        d = self._clamped(i[:, None] - keys[None, :])  # (c, n)
         values, inverse = torch.unique(self._fire_input(d, i[:, None]), return_inverse=True)
         table = torch.cat([mlp(chunk) for chunk in values.split(CHUNK)], dim=1)  # (H, N)
-        return table[:, inverse]  # (H, L, L)
+        return table[:, inverse]  # (H, c, n)
 
     def _fire_input(self, d: Tensor, query: Tensor) -> Tensor:
         """The FIRE input of distances d (future ones clamped to 0) at query positions `query`, broadcast

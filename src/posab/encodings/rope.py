@@ -125,15 +125,16 @@ class RoPE(Encoding):
         # the sign of rotate_half is folded into the table: rotate_half(x) * sin == roll(x) * signed_sin
         self.sin_cached = torch.cat([-angles.sin(), angles.sin()], dim=-1).float()  # (P, R)
 
-    def tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """positions: (T,) non-negative -> cos, sin: (T, R)."""
-        max_position = int(positions.max())
+    def tables(self, positions: Tensor, max_position: int | None = None) -> tuple[Tensor, Tensor]:
+        """positions: (T,) non-negative, the largest `max_position` (read from `positions` when not given: a
+        host synchronisation on an accelerator) -> cos, sin: (T, R)."""
+        max_position = int(positions.max()) if max_position is None else max_position
         if max_position >= self.cos_cached.shape[0]:
             self._grow(max_position)
         return self.cos_cached[positions], self.sin_cached[positions]
 
     def rotate(self, q: Tensor, k: Tensor, pos: Positions) -> tuple[Tensor, Tensor]:
-        cos, sin = self.tables(pos.token)
+        cos, sin = self.tables(pos.token, pos.last)
         q, k = self._rotated(q, cos, sin), self._rotated(k, cos, sin)
         if self.attention_factor == 1.0:
             return q, k

@@ -18,8 +18,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import INIT_STD, Dims, Encoding, Positions, distances, toeplitz
+from posab.encodings.base import INIT_STD, Dims, Encoding, Positions
 from posab.errors import ConfigError
+from posab.forms import Form
 
 INITS = ("xtransformers", "gpt2")
 
@@ -36,7 +37,7 @@ def t5_buckets(distance: Tensor, num_buckets: int = 32, max_distance: int = 128)
 
 class T5Bias(Encoding):
     relative_only = True
-    static_bias = True
+    static_form = True
 
     def __init__(
         self, dims: Dims, num_buckets: int = 32, max_distance: int = 128, init: str = "xtransformers"
@@ -54,9 +55,8 @@ class T5Bias(Encoding):
         self.table = nn.Parameter(torch.randn(num_buckets, dims.n_heads) * std)  # (num_buckets, H)
         self.gain = math.sqrt(dims.head_dim) if init == "xtransformers" else 1.0  # g
 
-    def bias(self, pos: Positions) -> Tensor:
-        table = self.distance_bias(distances(pos.length, self.table.device))  # (H, 2L-1)
-        return toeplitz(table, pos.length)[None]  # (1, H, L, L)
+    def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
+        return self.distance_form(pos, queries, dtype)
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         """(D,) query-minus-key distances -> (H, D) the bias W[bucket(d), h] * g (read by the audit)."""

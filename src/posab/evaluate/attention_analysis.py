@@ -3,9 +3,9 @@
 Protocol: at each length L (`eval.analysis.lengths`, or `eval.lengths`), `eval.analysis.windows` fixed
 validation windows (spread over the split like the perplexity windows), one at a time. One forward pass
 per window through the model's own attention path: every layer hands its q and k (rotated by the
-encoding), its mask and its score scale to an observer (`DecoderLM.forward(observe=...)`), which computes
-the layer's probabilities with the model's own score function (`AttentionInputs.probabilities`, in float32,
-over chunks of queries). Per head:
+encoding) and its attention form to an observer (`DecoderLM.forward(observe=...)`), which computes the
+layer's probabilities with the form's own scores (`AttentionInputs.probabilities`, in float32, over
+chunks of queries). Per head:
 
     entropy   H_i = -sum_j p_ij ln p_ij   (nats; 0 <= H_i <= ln(i + 1))
     distance  d_i = sum_j p_ij (i - j)    (tokens; 0 <= d_i <= i)
@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posab.attention import AttentionInputs
 from posab.errors import require
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
+from posab.forms import AttentionInputs
 from posab.outputs import EvalOutput, Table
 from posab.plots import attention_plot
 

@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from posab.attention import AttentionInputs
 from posab.data.streams import Batch
 from posab.errors import ConfigError, require
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
+from posab.forms import AttentionInputs
 from posab.keys import metric_key
 from posab.outputs import Column, EvalOutput, Table
 from posab.passkey.examples import (

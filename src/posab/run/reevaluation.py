@@ -4,9 +4,10 @@
     posab evaluate RUN eval.perplexity.stride=256 eval.needle.enabled=false --out DIR
 
 Overrides may change `eval.*`, `train.device`, `train.precision`, where the data is (`data.path`,
-`data.cache_dir`), `encoding.clamp` between values that never act in training (null, `train`) and
-`encoding.input` between inputs that training cannot tell apart (`fire`, `fire_held`); the results go to
-RUN/eval/<time>/ (or --out DIR), and the run's end-of-run table is printed for them.
+`data.cache_dir`), and an `encoding.*` setting between values the encoding says training cannot tell
+apart (`Encoding.same_in_training`: the multi-scale bias's `clamp` between null, `train` and reaches past
+the longest training distance, its `input` between `fire` and `fire_held`), on a run without a passkey
+stage; the results go to RUN/eval/<time>/ (or --out DIR), and the run's end-of-run table is printed.
 With --as-run, --out DIR becomes a run directory of the changed configuration that the report reads:
 
     posab evaluate RUN encoding.clamp=train --as-run --out sweeps/arm/RUN_clamp
@@ -25,11 +26,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from posab.build import build_model, encoding_name
+from posab.build import build_model
 from posab.config import Config, load_config
 from posab.data import prepare_data
 from posab.device import autocast_dtype, resolve_device
-from posab.encodings.multiscale import clamp_distance
+from posab.encodings import encoding_class
 from posab.errors import ConfigError
 from posab.io import write_json
 from posab.logging import JsonlLogger
@@ -44,11 +45,8 @@ REEVAL_PREFIXES = (
     "train.precision=",
     "data.cache_dir=",
     "data.path=",
-    "encoding.clamp=",
-    "encoding.input=",
+    "encoding.",
 )
-# inputs of the multi-scale bias that agree at every query below the training length (they differ past it)
-SAME_IN_TRAINING = ({"fire", "fire_held"},)
 
 
 def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path, as_run: bool = False) -> dict[str, Any]:
@@ -68,8 +66,7 @@ def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path, as_run: bool 
     merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
     cfg = load_config(merged)  # type: ignore[arg-type]
     staged = (run_dir / CHECKPOINTS["passkey"]).is_file()  # the needle measured the stage's model
-    check_clamp_unchanged_in_training(saved, cfg, staged)
-    check_input_unchanged_in_training(saved, cfg, staged)
+    changed = check_encoding_unchanged_in_training(saved, cfg, staged)
     device = resolve_device(cfg.train.device)
     data = prepare_data(cfg.data)
     check_eval_lengths(cfg, eval_split(cfg, data))
@@ -81,9 +78,7 @@ def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path, as_run: bool 
     logger = JsonlLogger(out_dir / "metrics.jsonl")
     results: dict[str, Any] = {}
     for after_stage, kind in ((False, "latest"), (True, "passkey")) if staged else ((None, "latest"),):
-        load_model_state(
-            cfg, model, run_dir / CHECKPOINTS[kind], checked_elsewhere=("encoding.clamp", "encoding.input")
-        )
+        load_model_state(cfg, model, run_dir / CHECKPOINTS[kind], checked_elsewhere=changed)
         results.update(evaluate(ctx, out_dir, logger, step=0, after_stage=after_stage))
     logger.finish("finished")
     if as_run:
@@ -93,35 +88,23 @@ def reevaluate(run_dir: Path, overrides: list[str], out_dir: Path, as_run: bool 
     return results
 
 
-def check_clamp_unchanged_in_training(saved: DictConfig, cfg: Config, staged: bool) -> None:
-    """`encoding.clamp` may change on re-evaluation only between values that never act in training: none,
-    or a reach of at least the longest training distance (train.seq_len - 1), where the clamped and the
-    unclamped bias train the same weights. A passkey stage trains longer windows: no change then."""
-    before, after = OmegaConf.select(saved, "encoding.clamp"), cfg.encoding.get("clamp")
-    if before == after:
-        return
-    longest = cfg.train.seq_len - 1
-    reaches = [clamp_distance(value, cfg.train.seq_len, encoding_name(cfg)) for value in (before, after)]
-    if staged or any(reach is not None and reach < longest for reach in reaches):
-        raise ConfigError(
-            f"encoding.clamp {before!r} -> {after!r} would have changed training (it acts below the longest "
-            f"training distance {longest}{', or in the passkey stage' if staged else ''}); allowed when "
-            f"both are null, 'train' or >= {longest} and the run has no passkey stage"
-        )
-
-
-def check_input_unchanged_in_training(saved: DictConfig, cfg: Config, staged: bool) -> None:
-    """`encoding.input` may change on re-evaluation only between inputs that agree at every query below the
-    training length (`SAME_IN_TRAINING`), and not for a run with a passkey stage (longer windows)."""
-    before, after = OmegaConf.select(saved, "encoding.input"), cfg.encoding.get("input")
-    if before == after:
-        return
-    if staged or not any({before, after} <= same for same in SAME_IN_TRAINING):
-        allowed = " or ".join(" <-> ".join(sorted(same)) for same in SAME_IN_TRAINING)
-        raise ConfigError(
-            f"encoding.input {before!r} -> {after!r} would have changed training; allowed: {allowed}, for a "
-            "run without a passkey stage"
-        )
+def check_encoding_unchanged_in_training(saved: DictConfig, cfg: Config, staged: bool) -> tuple[str, ...]:
+    """The `encoding.*` keys that differ from the run's, each allowed only where the encoding says the two
+    values train the same weights (`Encoding.same_in_training`) and the run has no passkey stage (which
+    trains longer windows). Returns them as `encoding.KEY`."""
+    before = OmegaConf.to_container(saved.encoding, resolve=True)
+    after = dict(cfg.encoding)
+    changed = sorted(key for key in set(before) | set(after) if before.get(key) != after.get(key))
+    cls = encoding_class(after)
+    for key in changed:
+        old, new = before.get(key), after.get(key)
+        if staged or not cls.same_in_training(key, old, new, cfg.train.seq_len):
+            raise ConfigError(
+                f"encoding.{key} {old!r} -> {new!r} would have changed training for {cls.__name__} (at "
+                f"train.seq_len={cfg.train.seq_len}{', or in the passkey stage' if staged else ''}); "
+                "allowed: the changes the encoding's `same_in_training` accepts, without a passkey stage"
+            )
+    return tuple(f"encoding.{key}" for key in changed)
 
 
 def write_as_run(
@@ -144,7 +127,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("run_dir", type=Path, help="a finished run's directory (config.yaml, checkpoint.pt)")
     parser.add_argument(
-        "overrides", nargs="*", help="KEY=VALUE: eval.*, train.*, data.*, encoding.clamp, encoding.input"
+        "overrides",
+        nargs="*",
+        help="KEY=VALUE: eval.*, train.device, train.precision, data.path, data.cache_dir, encoding.*",
     )
     parser.add_argument("--out", type=Path, help="folder for the results (default RUN_DIR/eval/<time>)")
     parser.add_argument(

@@ -1,0 +1,264 @@
+"""DAPE's attention kernel (the form "a function of the logits and the bias"): S = A + B + f([A; B]) with an
+MLP f across heads at every pair (`posab.encodings.dape`). `MixedAttention` runs f over query chunks and
+the keys they see, forward and backward, recomputing f's hidden layer in the backward pass from the saved
+log-sum-exp; no (B, width, L, L) tensor lives longer than one chunk, in training or in a 4,096-token
+evaluation. In a cached decoding step the queries are the last c of the n keys (`posab.forms.base`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posab.forms import Additive, Form, compute_dtype
+from posab.forms.base import key_offset
+
+
+class PairMLP(Protocol):
+    """What `mixed_attention` reads of a score mixer (DAPE's `ScoreMixer`): f = second(leaky(first(.)))."""
+
+    first: nn.Linear  # 2H -> width, over [logits; bias]
+    second: nn.Linear  # width -> H
+    slope: float  # the LeakyReLU's negative slope
+
+
+MIX_CHUNK = 16  # queries per chunk of `mixed_attention`: measured fastest on 2 CPU cores at L=512, B=16
+# (one layer forward and backward, f channels first: 16: 0.83 s, 32: 0.97 s; f channels last at 32: 1.40 s)
+
+
+def without_autocast(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Autocast off on `device` (nothing to turn off on a device autocast does not know, such as meta)."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def future_keys(start: int, end: int, device: torch.device, offset: int = 0) -> Tensor:
+    """(c', offset + end) bool: True where key j is after the query of row r (position offset + r), for the
+    query rows start:end."""
+    rows = torch.arange(offset + start, offset + end, device=device)  # (c',)
+    return torch.arange(offset + end, device=device)[None, :] > rows[:, None]
+
+
+def batched(weight: Tensor, batch: int) -> Tensor:
+    """A (m, n) weight as a (batch, m, n) view for `bmm` (`matmul` of 2-D by 3-D would copy the 3-D one)."""
+    return weight.expand(batch, -1, -1)
+
+
+@dataclass
+class MixedChunk:
+    """One query chunk of DAPE's scores, with what the backward pass differentiates through. f runs
+    channels first over the c * n pairs of the chunk: its first layer is W1_A A + (W1_B B + b1), the
+    bias's half once for the whole batch when the bias is shared, and its second layer lands in the
+    scores' layout."""
+
+    logits: Tensor  # (B, H, c * n) A = q k^T / sqrt(D)
+    bias: Tensor  # (1|B, H, c * n) B, 0 at future keys (the reference's tril)
+    activation: Tensor  # (B, W, c * n) g(W1 [A; B] + b1), g the LeakyReLU
+    scores: Tensor  # (B, H, c, n) A + B + f([A; B]), -inf at future keys
+    future: Tensor  # (c, n) bool, key after query
+
+
+def mixed_chunk(
+    q: Tensor, k: Tensor, mask: Tensor | None, mixer: PairMLP, start: int, end: int
+) -> MixedChunk:
+    """DAPE's scores of query rows start:end over the keys they see, 0 .. n - c + end - 1 (`stop`). The bias
+    is the mask with its causal part set to 0 (the reference's tril), the causal mask is applied after f.
+    f runs in the scores' dtype under any autocast: autocast would run its bmm in bf16 in the forward pass
+    while the backward pass, outside autocast, recomputes it in float32 against the forward's log-sum-exp."""
+    with without_autocast(q.device):
+        offset = key_offset(q, k)
+        stop = offset + end
+        dtype, (batch, heads), pairs = compute_dtype(q), q.shape[:2], (end - start) * stop
+        logits = torch.matmul(q[:, :, start:end], k[:, :, :stop].transpose(-1, -2)).to(dtype)  # (B, H, c, n)
+        logits = logits.div_(math.sqrt(q.shape[-1])).view(batch, heads, pairs)  # (B, H, c, n) -> (B, H, c*n)
+        future = future_keys(start, end, q.device, offset)  # (c, n)
+        if mask is None:
+            bias = logits.new_zeros(1, heads, pairs)  # (1, H, c*n)
+        else:
+            bias = mask[..., start:end, :stop].to(dtype).masked_fill(future, 0.0)  # (1|B, H, c, n)
+            bias = bias.view(-1, heads, pairs)  # (1|B, H, c, n) -> (1|B, H, c*n)
+        w1, b1 = mixer.first.weight.to(dtype), mixer.first.bias.to(dtype)
+        # the bias's half of f's first layer, with b1: (1|B, W, c*n)
+        from_bias = torch.baddbmm(b1[None, :, None], batched(w1[:, heads:], bias.shape[0]), bias)
+        hidden = torch.bmm(batched(w1[:, :heads], batch), logits).add_(from_bias)  # (B, W, c*n)
+        activation = F.leaky_relu_(hidden, mixer.slope)
+        w2, b2 = mixer.second.weight.to(dtype), mixer.second.bias.to(dtype)
+        scores = torch.bmm(batched(w2, batch), activation)  # (B, H, c*n)
+        scores = scores.add_(logits).add_(bias).add_(b2[:, None])
+        scores = scores.view(batch, heads, end - start, stop)  # (B, H, c*n) -> (B, H, c, n)
+        return MixedChunk(logits, bias, activation, scores.masked_fill_(future, float("-inf")), future)
+
+
+def mixed_scores(q: Tensor, k: Tensor, mask: Tensor | None, mixer: PairMLP, start: int, end: int) -> Tensor:
+    """`mixed_chunk`'s scores alone: (B, H, c, end)."""
+    return mixed_chunk(q, k, mask, mixer, start, end).scores
+
+
+def mixed_forward(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP
+) -> tuple[Tensor, Tensor]:
+    """softmax(A + B + f([A; B]) + causal) V by query chunks -> the output (B, H, c, D) in v's dtype and the
+    log-sum-exp of every row (B, H, c) in the scores' dtype (queries: the last c of the n keys)."""
+    length, dtype, offset = q.shape[-2], compute_dtype(q), key_offset(q, k)
+    out = torch.empty(q.shape, dtype=v.dtype, device=v.device)
+    lse = torch.empty(q.shape[:3], dtype=dtype, device=q.device)
+    for start in range(0, length, MIX_CHUNK):
+        end = min(length, start + MIX_CHUNK)
+        scores = mixed_scores(q, k, mask, mixer, start, end)  # (B, H, c, end)
+        lse[:, :, start:end] = torch.logsumexp(scores, dim=-1)
+        probs = scores.sub_(lse[:, :, start:end, None]).exp_()  # (B, H, c, end)
+        out[:, :, start:end] = torch.matmul(probs.to(v.dtype), v[:, :, : offset + end])
+    return out, lse
+
+
+def mixed_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP, dropout: float = 0.0
+) -> Tensor:
+    """Attention with DAPE's scores (module docstring): (B, H, T, D). No attention dropout: DAPE's scores
+    have no fused kernel to drop from, and the reference runs none."""
+    if dropout:
+        raise ValueError(f"model.dropout={dropout}: attention with a score mixer (DAPE) runs without dropout")
+    weights = (mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, mask, *weights)):
+        return MixedAttention.apply(q, k, v, mask, *weights, mixer)
+    return mixed_forward(q, k, v, mask, mixer)[0]
+
+
+class MixedAttention(torch.autograd.Function):
+    """`mixed_forward` with its own backward over the same query chunks: with P = softmax(S), dS = P * (dP
+    - rowsum(dO * O)) as in `BiasedAttention`, then through S = A + B + W2 g(W1 [A; B] + b1) + b2:
+    dW2 = dS g^T, dH = (W2^T dS) * g'(H), dW1 = dH [A; B]^T, dA = dS + W1_A^T dH (into dq, dk),
+    dB = dS + W1_B^T dH (into the mask, summed over the batch when it is shared)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        w1: Tensor,
+        b1: Tensor,
+        w2: Tensor,
+        b2: Tensor,
+        mixer: PairMLP,
+    ) -> Tensor:
+        out, lse = mixed_forward(q, k, v, mask, mixer)
+        ctx.mixer = mixer
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        mixer, dtype, (batch, heads) = ctx.mixer, compute_dtype(q), q.shape[:2]
+        d_out = d_out.to(dtype)
+        delta = (d_out * out.to(dtype)).sum(-1, keepdim=True)  # (B, H, T, 1)
+        grads = MixedGrads.zeros(q, k, v, mask if ctx.needs_input_grad[3] else None, mixer, dtype)
+        w1, w2 = mixer.first.weight.to(dtype), mixer.second.weight.to(dtype)
+        scale = 1.0 / math.sqrt(q.shape[-1])  # the logits' scale
+        for start in range(0, q.shape[-2], MIX_CHUNK):
+            end = min(q.shape[-2], start + MIX_CHUNK)
+            chunk = mixed_chunk(q, k, mask, mixer, start, end)
+            probs = chunk.scores.sub_(lse[:, :, start:end, None]).exp_()  # P: (B, H, c, end)
+            d_out_c, v_c = d_out[:, :, start:end], v[:, :, :end].to(dtype)
+            grads.v[:, :, :end] += torch.matmul(probs.transpose(-1, -2), d_out_c)
+            d_scores = torch.matmul(d_out_c, v_c.transpose(-1, -2))  # dP: (B, H, c, end)
+            d_scores = d_scores.sub_(delta[:, :, start:end]).mul_(probs)  # dS: (B, H, c, end)
+            d_scores = d_scores.view(batch, heads, -1)  # (B, H, c, end) -> (B, H, c*end)
+            d_logits, d_bias = grads.add_mlp(chunk, d_scores, w1, w2, mixer.slope)
+            d_logits = d_logits.mul_(scale).view_as(probs)  # dA / sqrt(D): (B, H, c*end) -> (B, H, c, end)
+            grads.q[:, :, start:end] = torch.matmul(d_logits, k[:, :, :end].to(dtype))
+            grads.k[:, :, :end] += torch.matmul(d_logits.transpose(-1, -2), q[:, :, start:end].to(dtype))
+            if grads.mask is not None:
+                d_bias = d_bias.view(-1, heads, end - start, end)  # (1|B, H, c*end) -> (1|B, H, c, end)
+                grads.mask[..., start:end, :end] = d_bias.masked_fill_(chunk.future, 0)
+        return grads.cast(q, k, v, mask, mixer)
+
+
+@dataclass
+class MixedGrads:
+    """The gradients `MixedAttention.backward` accumulates, in the scores' dtype."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    mask: Tensor | None
+    w1: Tensor
+    b1: Tensor
+    w2: Tensor
+    b2: Tensor
+
+    @staticmethod
+    def zeros(
+        q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP, dtype: torch.dtype
+    ) -> MixedGrads:
+        def zero(t: Tensor) -> Tensor:
+            return torch.zeros(t.shape, dtype=dtype, device=q.device)
+
+        layers = (mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias)
+        return MixedGrads(zero(q), zero(k), zero(v), None if mask is None else zero(mask), *map(zero, layers))
+
+    def add_mlp(
+        self, chunk: MixedChunk, d_scores: Tensor, w1: Tensor, w2: Tensor, slope: float
+    ) -> tuple[Tensor, Tensor]:
+        """Accumulate f's weight gradients from dS (B, H, c*n), and return the gradients with respect to
+        the logits, dA = dS + W1_A^T dH (B, H, c*n), and to the bias, dB = dS + W1_B^T dH (1|B, H, c*n),
+        summed over the batch when the bias is shared."""
+        batch, heads = d_scores.shape[:2]
+        self.w2 += torch.bmm(d_scores, chunk.activation.transpose(1, 2)).sum(0)  # (B, H, W) -> (H, W)
+        self.b2 += d_scores.sum((0, 2))
+        d_activation = torch.bmm(batched(w2.t(), batch), d_scores)  # (B, W, c*n)
+        # dH = dg * g'(H) from g(H) itself (its sign is H's): aten's fused LeakyReLU backward
+        d_hidden = torch.ops.aten.leaky_relu_backward(d_activation, chunk.activation, slope, True)
+        self.w1[:, :heads] += torch.bmm(d_hidden, chunk.logits.transpose(1, 2)).sum(0)  # (B, W, H) -> (W, H)
+        d_logits = torch.baddbmm(d_scores, batched(w1[:, :heads].t(), batch), d_hidden)  # (B, H, c*n)
+        if chunk.bias.shape[0] == 1:  # a shared bias: its terms summed over the batch first
+            d_hidden, d_scores = d_hidden.sum(0, keepdim=True), d_scores.sum(0, keepdim=True)
+        self.w1[:, heads:] += torch.bmm(d_hidden, chunk.bias.transpose(1, 2)).sum(0)  # (1|B, W, H) -> (W, H)
+        self.b1 += d_hidden.sum((0, 2))
+        d_bias = torch.baddbmm(d_scores, batched(w1[:, heads:].t(), d_hidden.shape[0]), d_hidden)
+        return d_logits, d_bias
+
+    def cast(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP) -> tuple:
+        """The gradients in their inputs' dtypes, in `MixedAttention.forward`'s argument order."""
+        layers = (mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias)
+        mixed = [g.to(t.dtype) for g, t in zip((self.w1, self.b1, self.w2, self.b2), layers, strict=True)]
+        d_mask = None if self.mask is None or mask is None else self.mask.to(mask.dtype)
+        return (self.q.to(q.dtype), self.k.to(k.dtype), self.v.to(v.dtype), d_mask, *mixed, None)
+
+
+@dataclass(eq=False)
+class Mixed(Form):
+    """DAPE's form: its scores on every path (the chunked kernel is plain PyTorch, so it runs on any device),
+    over the base encoding's additive bias (`base`, or None)."""
+
+    base: Additive | None
+    mixer: PairMLP
+
+    @property
+    def mask(self) -> Tensor | None:
+        """The base's (1, H, c, n) mask, causal part included, in the attention dtype; or None."""
+        return None if self.base is None else self.base.mask
+
+    def dense_bias(self) -> Tensor | None:
+        return None if self.base is None else self.base.dense_bias()
+
+    def on_cpu(self, q: Tensor, k: Tensor, v: Tensor, dropout: float, backend: str) -> Tensor:
+        return mixed_attention(q, k, v, self.mask, self.mixer, dropout)
+
+    def accelerated(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
+        return mixed_attention(q, k, v, self.mask, self.mixer, dropout)
+
+    def block(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return mixed_forward(q, k, v, self.mask, self.mixer)[0]
+
+    def scores(self, q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
+        return mixed_scores(q, k, self.mask, self.mixer, start, end)

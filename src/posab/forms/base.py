@@ -1,0 +1,114 @@
+"""What every attention form shares: the block convention, the scores' dtype and the causal mask.
+
+A form is how position enters one layer's attention in one forward pass. Its queries are the last c of
+its n keys (c = n in a forward pass over a window; c < n in a cached decoding step, where the keys are the
+cache plus the new tokens), so query row r sits at key position n - c + r and sees keys 0 .. n - c + r.
+Each form provides
+- `reference`: all pairs, explicit softmax, in the inputs' dtype promoted to float32 (float64 inputs stay
+  float64: the definition its tests compare against);
+- `on_cpu`: the fast CPU path (fused kernels, chunked backward passes);
+- `accelerated`: the path on any other device (FlexAttention or SDPA);
+- `scores`: the scores of a block of query rows against the keys they see, which chunked evaluation, the
+  attention analysis and cached decoding read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+QUERY_CHUNK = 64  # measured fastest on 2 CPU cores at L=512 (64: 0.081 s, 128: 0.086 s, 256: 0.117 s)
+
+
+def compute_dtype(q: Tensor) -> torch.dtype:
+    """The scores' dtype: float32, or float64 for float64 inputs (the exactness tests)."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+def causal_mask(length: int, device: torch.device) -> Tensor:
+    """(L, L) float: 0 on and below the diagonal, -inf above."""
+    return torch.full((length, length), float("-inf"), device=device).triu(1)
+
+
+def block_causal(queries: int, keys: int, device: torch.device) -> Tensor:
+    """(c, n) float: 0 where key j <= n - c + r (query row r's own position), -inf after it; for c = n the
+    causal mask itself."""
+    return torch.full((queries, keys), float("-inf"), device=device).triu(keys - queries + 1)
+
+
+def key_offset(q: Tensor, k: Tensor) -> int:
+    """n - c: the key position of query row 0."""
+    return k.shape[-2] - q.shape[-2]
+
+
+def logits(q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
+    """q k^T / sqrt(D) of query rows start:end over the keys they see, 0 .. n - c + end - 1, in the scores'
+    dtype (the matmul in q's): (B, H, end - start, n - c + end)."""
+    stop = key_offset(q, k) + end
+    scores = torch.matmul(q[:, :, start:end], k[:, :, :stop].transpose(-1, -2)).to(compute_dtype(q))
+    return scores / math.sqrt(q.shape[-1])  # (B, H, c', stop)
+
+
+class Form:
+    """How position enters one layer's attention in one forward pass (module docstring)."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, dropout: float = 0.0, backend: str = "sdpa") -> Tensor:
+        """q: (B, H, c, D), k, v: (B, H, n, D) -> (B, H, c, D). `backend` `flex`: FlexAttention where the form
+        has it, in evaluation on the CPU too."""
+        if q.shape[-2] != k.shape[-2]:
+            return self.block(q, k, v)
+        if q.device.type == "cpu":
+            return self.on_cpu(q, k, v, dropout, backend)
+        return self.accelerated(q, k, v, dropout)
+
+    def on_cpu(self, q: Tensor, k: Tensor, v: Tensor, dropout: float, backend: str) -> Tensor:
+        raise NotImplementedError
+
+    def accelerated(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
+        raise NotImplementedError
+
+    def scores(self, q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
+        """Scores of query rows start:end over keys 0 .. n - c + end - 1, -inf at keys after each query, in
+        the scores' dtype: (B, H, end - start, n - c + end)."""
+        raise NotImplementedError
+
+    def probabilities(self, q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
+        """softmax of `scores` over the keys: (B, H, end - start, n - c + end)."""
+        return torch.softmax(self.scores(q, k, start, end), dim=-1)
+
+    def reference(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """All pairs, explicit softmax in the scores' dtype: (B, H, c, D) in that dtype."""
+        weights = self.probabilities(q, k, 0, q.shape[-2])  # (B, H, c, n)
+        return torch.matmul(weights, v.to(weights.dtype))
+
+    def block(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Queries against a longer prefix of keys (cached decoding), by query chunks: (B, H, c, D)."""
+        out = torch.empty(q.shape, dtype=v.dtype, device=v.device)  # (B, H, c, D)
+        for start in range(0, q.shape[-2], QUERY_CHUNK):
+            end = min(q.shape[-2], start + QUERY_CHUNK)
+            weights = self.probabilities(q, k, start, end)  # (B, H, c', n - c + end)
+            out[:, :, start:end] = torch.matmul(weights.to(v.dtype), v[:, :, : key_offset(q, k) + end])
+        return out
+
+    def dense_bias(self) -> Tensor | None:
+        """The additive bias this form adds to the logits, without the causal mask: (1|B, H, c, n) in
+        float32, or None. For checking and analysis; the fast paths never form it unless they must."""
+        return None
+
+
+@dataclass
+class AttentionInputs:
+    """What one attention layer computes its probabilities from (see `DecoderLM.forward(observe=...)`)."""
+
+    q: Tensor  # (B, H, c, D), rotated by the encoding
+    k: Tensor  # (B, H, n, D), rotated by the encoding
+    form: Form  # the layer's attention form
+
+    def probabilities(self, start: int = 0, end: int | None = None) -> Tensor:
+        """The layer's attention probabilities of query rows start:end over the keys they see, in float32
+        from float32 q and k: (B, H, end - start, n - c + end)."""
+        end = self.q.shape[-2] if end is None else end
+        return self.form.probabilities(self.q.float(), self.k.float(), start, end)
