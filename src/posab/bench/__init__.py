@@ -23,6 +23,9 @@ eval.lengths; `--quick` swaps in the tiny model, L=64, batch 2 and lengths 64, 1
 6. Where a training step goes: `torch.profiler` operators by self CPU time per step, for nope, rope,
    alibi, hierarchical and x-transformers' rotary model; whole tables in profile_<case>.txt. (`profile.py`)
 
+`posab bench decoding` (`decoding.py`, its own options; results/bench/decoding/) times cached decoding
+against a full forward pass per token for every encoding, with the cache's memory and the logits' agreement.
+
 The goals the tables are held to are data (`targets.py`); `output.py` writes one CSV per section,
 targets.csv and bench.md, into results/bench/ for a full run and outputs/bench_quick/ for a quick one.
 

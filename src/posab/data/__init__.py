@@ -36,6 +36,8 @@ __all__ = [
     "TrainSampler",
     "eval_corpus_stream",
     "prepare_data",
+    "run_tokenizer",
+    "token_cache_folder",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,7 @@ def prepare_data(cfg: DataConfig) -> CorpusData:
     folder with the streams it encoded, and loaded from there.
     """
     identity = corpus_identity(cfg)
-    folder = Path(cfg.cache_dir).expanduser() / f"tokens-{cache_key(identity, tokenizer_settings(cfg))}"
+    folder = token_cache_folder(cfg, identity)
     streams = load_cached(folder)
     if streams is None:
         log.info("tokenizing corpus into %s", folder)
@@ -69,6 +71,23 @@ def prepare_data(cfg: DataConfig) -> CorpusData:
         streams = load_cached(folder)
         assert streams is not None
     return CorpusData(tokenizer=load_tokenizer(cfg, folder), streams=streams, cache_dir=folder)
+
+
+def token_cache_folder(cfg: DataConfig, identity: dict[str, Any] | None = None) -> Path:
+    """Where `prepare_data` caches the corpus's token streams (and a BPE tokenizer with them)."""
+    identity = corpus_identity(cfg) if identity is None else identity
+    return Path(cfg.cache_dir).expanduser() / f"tokens-{cache_key(identity, tokenizer_settings(cfg))}"
+
+
+def run_tokenizer(cfg: DataConfig) -> Tokenizer:
+    """A run's tokenizer without loading its corpus where it can: the byte tokenizer, or the BPE saved with
+    the cached streams; `prepare_data` (tokenizing the corpus) only when that cache is gone."""
+    if cfg.tokenizer == "bytes":
+        return ByteTokenizer(anchors=cfg.anchors)
+    folder = token_cache_folder(cfg)
+    if (folder / TOKENIZER_FILE).is_file():
+        return load_tokenizer(cfg, folder)
+    return prepare_data(cfg).tokenizer
 
 
 def eval_corpus_stream(path: str, fmt: str, tokenizer: Tokenizer, where: str) -> TokenStream:

@@ -1,0 +1,328 @@
+"""Generation with the key/value cache: prefill the prompt, then decode one token per call.
+
+    tracker = StructureTracker.for_tokenizer(tokenizer)  # one per row, for the hierarchical encoding
+    ids = generate(model, prompt, steps=64, structure=[tracker])  # (B, 64), greedy
+    ids = generate(model, prompt, 64, temperature=0.8, top_k=40, generator=torch.Generator().manual_seed(0))
+
+`generate` prefills the prompt into a `KVCache` in one call (or in blocks of `prefill_block` tokens, to
+bound the memory of a long prompt) and then feeds each chosen token alone: every step attends to every
+cached key through the encoding's form over all the keys, so a step's logits are the full forward's at that
+position (tests/test_cache_equivalence.py). `step_by_step_full` decodes greedily without the cache, a full
+forward pass over the whole sequence per token: the reference of the tests and of `posab bench decoding`.
+
+Choosing a token: greedy (`temperature=0`) takes the argmax (the first of equal maxima); otherwise a token is
+drawn from softmax(logits / temperature), over the `top_k` largest logits when given, by `torch.multinomial`
+on the host with `generator`, so a seed gives the same ids on every device.
+
+Sentence and paragraph indices (what the hierarchical encoding reads) of the tokens the model writes come
+from a `StructureTracker` per row, which assigns them by the data pipeline's own rule
+(`posab.data.tokenizer`), one token at a time, never changing an earlier token's indices:
+
+- with anchors (`data.anchors=true`) the indices change only at anchor tokens, as in the training data: an
+  anchor takes the indices of the token it precedes, which opens its unit. SENT opens a sentence (sentence
+  + 1), PARA a paragraph (both + 1), BOS a document (both + 1, as `concatenate` numbers documents on); but
+  the PARA right after BOS, and a SENT right after BOS or PARA, open the unit the anchor before them
+  opened (BOS PARA <text> all share one index). EOS and text tokens keep the previous token's indices; the
+  very first token has indices 0, 0.
+- without anchors the indices come from the text, as `segment` and `assemble` give them: a sentence starts
+  after '.', '!' or '?' (and closing quotes or brackets) followed by whitespace, a paragraph after a blank
+  line, each at the first byte that follows the whitespace. Such a start is known as soon as that byte is
+  written, and it falls in the token that holds it: that token opens the new unit (sentence + 1, paragraph
+  + 1 for a paragraph start; a token holding several starts counts them all). The text's matches are
+  re-scanned from the last start on (a match never straddles a start: it ends at the first non-whitespace
+  byte). Anchor ids, which such a model never saw, keep the indices. Documents are not told apart: the
+  data separates them (`concatenate`), the text alone cannot.
+
+Replaying the tokens of encoded text through a tracker gives the indices `assemble` gave them (with anchors,
+also for a stream of documents): tests/test_decoding.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from posab.cache import KVCache
+from posab.data.tokenizer import BOS, PARA, PARAGRAPH_BREAK, SENT, SENTENCE_END, Tokenizer
+from posab.errors import ConfigError, require
+from posab.model import DecoderLM
+
+Indices = tuple[Tensor | None, Tensor | None]  # sentence, paragraph: (B, c) each, or None when unknown
+
+
+class StructureTracker:
+    """Sentence and paragraph indices of one growing token sequence, assigned as the data pipeline assigns
+    them (the rule: this module's docstring). `extend` tracks the next tokens and returns their indices;
+    `seed` takes tokens whose indices are already known (a window of a token stream)."""
+
+    def __init__(self, pieces: Sequence[bytes | None], anchors: bool) -> None:
+        """`pieces`: each id's text bytes, None for the anchors (`Tokenizer.pieces`); `anchors`: whether the
+        model's data had anchor tokens (`data.anchors`)."""
+        self.pieces = pieces
+        self.anchors = anchors
+        self.sentence: list[int] = []
+        self.paragraph: list[int] = []
+        self._last: int | None = None  # the previous token's id
+        self._text = bytearray()  # without anchors: the text so far
+        self._scan = 0  # without anchors: the last unit start in `_text`, where the next scan begins
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Tokenizer) -> StructureTracker:
+        return cls(tokenizer.pieces, tokenizer.anchors)
+
+    def __len__(self) -> int:
+        return len(self.sentence)
+
+    def extend(self, ids: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Track the next tokens; returns their sentence and paragraph indices."""
+        start = len(self.sentence)
+        for token in ids:
+            self._append(int(token))
+        return self.sentence[start:], self.paragraph[start:]
+
+    def seed(self, ids: Sequence[int], sentence: Sequence[int], paragraph: Sequence[int]) -> None:
+        """Take tokens with known indices (e.g. a prompt cut from a token stream); later tokens continue
+        from them. Without anchors the text rule then sees only the seeded tokens' text."""
+        require(
+            len(ids) == len(sentence) == len(paragraph),
+            f"seed: {len(ids)} ids with {len(sentence)} sentence and {len(paragraph)} paragraph indices",
+        )
+        for token, s, p in zip(ids, sentence, paragraph, strict=True):
+            if not self.anchors:
+                self._text += self._piece(int(token))
+            self.sentence.append(int(s))
+            self.paragraph.append(int(p))
+            self._last = int(token)
+
+    def _append(self, token: int) -> None:
+        sentence, paragraph = (self.sentence[-1], self.paragraph[-1]) if self.sentence else (0, 0)
+        if self.anchors:
+            opened = (0, 0) if self._last is None else self._anchor_starts(token)
+        else:
+            opened = self._text_starts(token)  # the text's own start (offset 0) opens nothing
+        self.sentence.append(sentence + opened[0])
+        self.paragraph.append(paragraph + opened[1])
+        self._last = token
+
+    def _anchor_starts(self, token: int) -> tuple[int, int]:
+        """(sentences, paragraphs) the anchor `token` opens after `self._last`; (0, 0) for any other."""
+        if token == BOS:
+            return 1, 1
+        if token == PARA:
+            return (0, 0) if self._last == BOS else (1, 1)
+        if token == SENT:
+            return (0, 0) if self._last in (BOS, PARA) else (1, 0)
+        return 0, 0
+
+    def _text_starts(self, token: int) -> tuple[int, int]:
+        """(sentences, paragraphs) starting within `token`'s bytes, once they are appended to the text."""
+        before = len(self._text)
+        self._text += self._piece(token)
+        paragraphs = self._new_starts(PARAGRAPH_BREAK, before)
+        sentences = self._new_starts(SENTENCE_END, before) | paragraphs
+        if sentences:
+            self._scan = max(sentences)
+        return len(sentences), len(paragraphs)
+
+    def _new_starts(self, pattern: re.Pattern[bytes], before: int) -> set[int]:
+        """Unit starts at byte offsets `before` .. the text's end: the ends of `pattern`'s matches that are
+        not at the very end (`posab.data.tokenizer._starts`), scanning from the last known start."""
+        end = len(self._text)
+        found = (m.end() for m in pattern.finditer(self._text, self._scan))
+        return {start for start in found if before <= start < end}
+
+    def _piece(self, token: int) -> bytes:
+        piece = self.pieces[token] if 0 <= token < len(self.pieces) else None
+        return piece or b""
+
+
+def choose_next(
+    logits: Tensor,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """logits (B, V) -> the next ids (B, 1): the argmax when `temperature` is 0, else a draw from
+    softmax(logits / temperature) over the `top_k` largest (all when None), on the host with `generator`."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    scores = logits.float().cpu() / temperature  # (B, V), on the host: the draws do not depend on the device
+    candidates = None
+    if top_k is not None and top_k < scores.shape[-1]:
+        scores, candidates = scores.topk(top_k, dim=-1)  # (B, k) each
+    draw = torch.multinomial(scores.softmax(dim=-1), 1, generator=generator)  # (B, 1)
+    ids = draw if candidates is None else candidates.gather(-1, draw)  # (B, 1)
+    return ids.to(logits.device)
+
+
+def prefill(
+    model: DecoderLM,
+    cache: KVCache,
+    tokens: Tensor,
+    indices: Indices = (None, None),
+    offset: int = 0,
+    block: int | None = None,
+) -> Tensor:
+    """Add the prompt `tokens` (B, T), from position `offset`, to an empty `cache`, in one call or in blocks
+    of `block` tokens; returns the logits of its last token (B, V)."""
+    sentence, paragraph = indices
+    length = tokens.shape[1]
+    step = length if block is None else block
+    logits = tokens.new_empty(0)
+    for start in range(0, length, step):
+        part = slice(start, start + step)
+        logits = model(
+            tokens[:, part],
+            None if sentence is None else sentence[:, part],
+            None if paragraph is None else paragraph[:, part],
+            offset=offset if start == 0 else None,
+            cache=cache,
+        )
+    return logits[:, -1]
+
+
+@torch.inference_mode()
+def generate(
+    model: DecoderLM,
+    prompt: Tensor,
+    steps: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    structure: Sequence[StructureTracker] | None = None,
+    sentence: Tensor | None = None,
+    paragraph: Tensor | None = None,
+    offset: int = 0,
+    prefill_block: int | None = None,
+) -> Tensor:
+    """Continue `prompt` (B, T) by `steps` tokens with cached decoding: returns the new ids (B, steps).
+
+    `structure`: one tracker per row, extended by the prompt and every new token (the prompt's indices are
+    `sentence`, `paragraph` (B, T) when given, seeded into the trackers, else the trackers' replay of it);
+    without it no token has indices (every encoding but the hierarchical one). `offset`: the prompt's first
+    position. The model runs in eval mode (its mode is restored after)."""
+    check_request(prompt, steps, temperature, top_k, offset, prefill_block)
+    with evaluating(model):
+        indices = prompt_indices(prompt, structure, sentence, paragraph)
+        cache = KVCache()
+        logits = prefill(model, cache, prompt, indices, offset, prefill_block)  # (B, V)
+        chosen = []
+        for step in range(steps):
+            token = choose_next(logits, temperature, top_k, generator)  # (B, 1)
+            chosen.append(token)
+            new = next_indices(token, structure)
+            if step + 1 < steps:
+                logits = model(token, *new, cache=cache)[:, -1]  # (B, 1, V) -> (B, V)
+        return torch.cat(chosen, dim=1)  # (B, steps)
+
+
+@torch.inference_mode()
+def step_by_step_full(
+    model: DecoderLM,
+    prompt: Tensor,
+    steps: int,
+    *,
+    structure: Sequence[StructureTracker] | None = None,
+    sentence: Tensor | None = None,
+    paragraph: Tensor | None = None,
+    offset: int = 0,
+) -> Tensor:
+    """Greedy decoding without a cache, the reference: each step a full forward pass over the prompt and
+    every token so far; returns the new ids (B, steps). Arguments as `generate`'s."""
+    check_request(prompt, steps, 0.0, None, offset, None)
+    with evaluating(model):
+        tokens = prompt
+        sentence, paragraph = prompt_indices(prompt, structure, sentence, paragraph)
+        for _ in range(steps):
+            logits = model(tokens, sentence, paragraph, offset=offset)[:, -1]  # (B, T, V) -> (B, V)
+            token = choose_next(logits)  # (B, 1)
+            tokens = torch.cat([tokens, token], dim=1)  # (B, n + 1)
+            new_sentence, new_paragraph = next_indices(token, structure)
+            sentence, paragraph = joined(sentence, new_sentence), joined(paragraph, new_paragraph)
+        return tokens[:, prompt.shape[1] :]
+
+
+def joined(old: Tensor | None, new: Tensor | None) -> Tensor | None:
+    """Indices (B, n) followed by the new tokens' (B, c): (B, n + c); None when either is unknown."""
+    return None if old is None or new is None else torch.cat([old, new], dim=1)  # (B, n + c)
+
+
+def check_request(
+    prompt: Tensor, steps: int, temperature: float, top_k: int | None, offset: int, block: int | None
+) -> None:
+    """A ConfigError for a request that cannot be decoded."""
+    require(
+        prompt.dim() == 2 and prompt.shape[1] > 0 and not prompt.is_floating_point(),
+        f"the prompt must be (B, T) token ids with T >= 1; got {prompt.dtype} of shape {tuple(prompt.shape)}",
+    )
+    require(steps >= 1, f"steps={steps}: generate at least one token")
+    require(temperature >= 0, f"temperature={temperature}: use 0 (greedy) or a positive temperature")
+    require(top_k is None or top_k >= 1, f"top_k={top_k}: use a positive number, or None for all")
+    require(offset >= 0, f"offset={offset}: positions start at 0 or later")
+    require(block is None or block >= 1, f"prefill_block={block}: use a positive number, or None")
+
+
+def prompt_indices(
+    prompt: Tensor,
+    structure: Sequence[StructureTracker] | None,
+    sentence: Tensor | None,
+    paragraph: Tensor | None,
+) -> Indices:
+    """The prompt's sentence and paragraph indices (B, T), after seeding (given) or extending (replayed)
+    every row's tracker with them; (None, None) without trackers."""
+    given = sentence is not None or paragraph is not None
+    if structure is None:
+        require(not given, "prompt indices without trackers: pass structure=, else new tokens have none")
+        return None, None
+    require(len(structure) == prompt.shape[0], f"{len(structure)} trackers for {prompt.shape[0]} rows")
+    if not given:
+        replayed = [tracker.extend(ids) for tracker, ids in zip(structure, prompt.tolist(), strict=True)]
+        return as_indices(replayed, prompt.device)
+    if sentence is None or paragraph is None:
+        raise ConfigError("pass both sentence and paragraph, or neither")
+    require(sentence.shape == prompt.shape == paragraph.shape, "prompt indices: one per prompt token")
+    rows = zip(structure, prompt.tolist(), sentence.tolist(), paragraph.tolist(), strict=True)
+    for tracker, ids, s, p in rows:
+        tracker.seed(ids, s, p)
+    return sentence, paragraph
+
+
+def next_indices(token: Tensor, structure: Sequence[StructureTracker] | None) -> Indices:
+    """The new tokens' (B, 1) sentence and paragraph indices, from every row's tracker; None without."""
+    if structure is None:
+        return None, None
+    rows = [tracker.extend(ids) for tracker, ids in zip(structure, token.tolist(), strict=True)]
+    return as_indices(rows, token.device)
+
+
+def as_indices(rows: list[tuple[list[int], list[int]]], device: torch.device) -> Indices:
+    """Per-row (sentence, paragraph) lists -> two (B, c) long tensors on `device`."""
+    sentence = torch.tensor([row[0] for row in rows], dtype=torch.long, device=device)  # (B, c)
+    paragraph = torch.tensor([row[1] for row in rows], dtype=torch.long, device=device)  # (B, c)
+    return sentence, paragraph
+
+
+@contextlib.contextmanager
+def evaluating(model: DecoderLM) -> Iterator[None]:
+    """The model in eval mode for the block; back in training mode after, if it was."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        if training:
+            model.train()
+
+
+__all__ = [
+    "StructureTracker",
+    "choose_next",
+    "generate",
+    "prefill",
+    "step_by_step_full",
+]
