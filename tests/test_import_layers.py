@@ -17,12 +17,12 @@ PACKAGE = ROOT / "src" / "posab"
 # submodules, except those listed by their own name (`run.summary`, `passkey.stage`).
 LAYERS: list[set[str]] = [
     {"errors", "io", "results", "paths", "outputs", "plots", "keys", "job_names", "run.summary"},  # no torch
-    {"device", "distributed", "encodings", "attention", "data", "provenance", "passkey", "passkey.examples"},
+    {"device", "distributed", "positions", "forms", "encodings", "cache", "data", "provenance", "passkey"},
     {"model"},
-    {"training", "logging", "wandb_logger", "passkey.mix", "passkey.stage"},  # training
+    {"training", "logging", "wandb_logger", "passkey.mix", "passkey.stage", "decoding"},  # training, decoding
     {"evaluate"},
     {"config"},  # assembles the sections
-    {"build"},
+    {"build", "sweep_lists"},  # models from configs; the presets' encoding lists, from encodings built
     {"run", "report", "bench", "cli", "__main__"},  # entry points: run, report, benchmark, `posab`
 ]
 TORCH_FREE = sorted(LAYERS[0])

@@ -19,7 +19,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "budget": ("posab.report.budget", "the training budget's validation curves"),
     "window-documents": ("posab.report.window_documents", "add each window's document to runs.csv"),
     "audit-backfill": ("posab.run.audit_backfill", "the audit's pull and input novelty for older runs"),
+    "generate": ("posab.run.generate", "continue a prompt with a finished run's model (cached decoding)"),
     "bench": ("posab.bench.cli", "the performance benchmark"),
+    "check-device": ("posab.bench.check_device", "every encoding on a device against the CPU in float64"),
 }
 
 

@@ -1,18 +1,20 @@
 """The benchmark's command line: `posab bench [--quick] [--out DIR] [--sections 1,2,3,4,5,6]
-[--repeats N] [--threads N] [--no-progress]` (see `posab.bench`)."""
+[--repeats N] [--threads N] [--no-progress]` (see `posab.bench`), and `posab bench decoding ...`, cached
+decoding against the full forward pass (`posab.bench.decoding`, its own options and folder)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from posab.bench import bias, eval_forward, flops, output, peer, profile, train_step
+from posab.bench import bias, decoding, eval_forward, flops, output, peer, profile, train_step
 from posab.bench.progress import Progress
-from posab.bench.settings import Settings
+from posab.bench.settings import Settings, positive
 from posab.bench.targets import evaluate
 from posab.paths import encoding_names
 
@@ -42,15 +44,12 @@ def encoding_list(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(["nope", "alibi", *names]))
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="posab bench", description="posab performance benchmark")
+    parser = argparse.ArgumentParser(
+        prog="posab bench",
+        description="posab performance benchmark",
+        epilog="posab bench decoding --help: cached decoding against the full forward pass, per encoding",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (for the tests)")
     parser.add_argument(
         "--out", type=Path, help=f"output folder (default {output.FULL_OUT}; {output.QUICK_OUT} with --quick)"
@@ -81,7 +80,11 @@ def say(text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the chosen sections and write their tables; returns the exit code."""
+    """Run the chosen sections and write their tables (`posab bench decoding ...`: that benchmark instead);
+    returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["decoding"]:
+        return decoding.main(argv[1:])
     args = parser().parse_args(argv)
     threads = args.threads or (1 if args.quick else None)
     if threads:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import torch
@@ -61,3 +62,11 @@ def precision(cfg: Config) -> torch.dtype | None:
 
 def dtype_name(dtype: torch.dtype | None) -> str:
     return "bf16" if dtype == torch.bfloat16 else "fp32"
+
+
+def positive(text: str) -> int:
+    """An argparse type: a positive integer, else an error naming the value."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
