@@ -168,6 +168,8 @@ VARIANTS = [
     ("multiscale", "encoding.clamp=train"),
     ("hierarchical", "encoding.levels=[sentence,paragraph]"),
     ("hierarchical", "encoding.levels=[token]"),
+    ("nope", "model.window=16"),  # sliding-window attention: the causal form's band
+    ("alibi", "model.window=16"),  # and an additive form's
 ]
 CASES = [(name, None) for name in ENCODINGS] + VARIANTS  # every encoding, then the variants
 

@@ -17,6 +17,7 @@ from posab.forms import QUERY_CHUNK, Additive, BiasFactors, Causal, Form, LowRan
 from tolerances import assert_close_to_scale
 
 B, H, D, R = 2, 3, 8, 4
+WINDOW = 11  # sliding-window attention: each query sees itself and the 10 keys before it
 LENGTH = QUERY_CHUNK + 7  # two query chunks, the second partial
 Params = dict[str, Tensor]
 
@@ -54,10 +55,13 @@ FORMS: dict[str, Callable[[Params, int, int], Form]] = {
     "low rank": lambda p, c, n: LowRank(None, factors(p, c), p["query"].dtype),
     "low rank beside a bias": lambda p, c, n: LowRank(by_distance(p, c, n), factors(p, c), p["query"].dtype),
     "multiplicative": lambda p, c, n: Scaled(p["scale"][..., -c:, :], by_distance(p, c, n)),
+    "causal in a window": lambda p, c, n: Causal(window=WINDOW),
+    "additive in a window": lambda p, c, n: Additive.by_distance(p["table"], c, n, p["table"].dtype, WINDOW),
     "logits and bias (DAPE)": lambda p, c, n: Mixed(by_distance(p, c, n), mixer()),
 }
 # the accelerator paths that compile FlexAttention on the CPU (the bias read inside the kernel)
-FLEX = {"additive by distance", "additive dense", "low rank beside a bias"}
+FLEX = {"additive by distance", "additive dense", "low rank beside a bias", "causal in a window"}
+FLEX |= {"additive in a window"}
 
 
 def qkv(length: int = LENGTH) -> list[Tensor]:
@@ -153,6 +157,15 @@ def test_a_block_of_queries_over_a_longer_prefix_equals_the_references_rows(kind
     assert torch.equal(scores.isinf(), whole.isinf())
     finite = whole.isfinite()
     assert_close_to_scale(scores[finite], whole[finite], rel=1e-5)
+
+
+def test_a_window_is_the_band_of_keys_each_query_sees() -> None:
+    """The windowed forms' reference against the formula written out: softmax over keys i - W < j <= i."""
+    q, k, v = (t.detach().double() for t in qkv())
+    i, j = torch.arange(LENGTH)[:, None], torch.arange(LENGTH)[None, :]
+    band = torch.where((j <= i) & (j > i - WINDOW), 0.0, float("-inf")).double()  # (L, L)
+    explicit = torch.softmax(q @ k.transpose(-1, -2) / D**0.5 + band, dim=-1) @ v
+    assert_close_to_scale(Causal(window=WINDOW).reference(q, k, v), explicit, rel=1e-12)
 
 
 def test_the_check_can_fail() -> None:

@@ -25,6 +25,7 @@ def model_dims(cfg: Config) -> Dims:
         max_positions(cfg),
         seed=cfg.seed,
         n_layers=cfg.model.n_layers,
+        window=cfg.model.window,
     )
 
 

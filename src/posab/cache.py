@@ -20,6 +20,7 @@ class LayerCache:
     keys: Tensor | None = None  # (B, H, capacity, D)
     values: Tensor | None = None  # (B, H, capacity, D)
     length: int = 0  # the cached tokens: keys[:, :, :length]
+    state: dict[str, Tensor] = field(default_factory=dict)  # the encoding's own, per layer (`layer_form`)
 
     def extend(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Append the new tokens' (B, H, c, D) keys and values; returns every key and value so far,

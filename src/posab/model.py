@@ -34,6 +34,7 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.0
     attention: str = "sdpa"  # CPU: sdpa | flex (FlexAttention in evaluation); elsewhere each form's own path
+    window: int | None = None  # sliding-window attention in every layer (each query sees W keys), or None
 
     def validate(self) -> None:
         require_positive("model", self, ("d_model", "n_layers", "n_heads", "mlp_ratio"))
@@ -43,6 +44,10 @@ class ModelConfig:
             f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}",
         )
         require(0 <= self.dropout < 1, f"model.dropout={self.dropout} must be in [0, 1)")
+        window_ok = self.window is None or (isinstance(self.window, int) and self.window >= 1)
+        require(
+            window_ok, f"model.window={self.window!r}: use null (full causal attention) or an integer >= 1"
+        )
 
 
 @dataclass
@@ -81,7 +86,7 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.n_heads, c // self.n_heads)  # (B, T, 3C) -> (B, T, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, D)
-        q, k = encoding.rotate(q, k, pos)
+        q, k = encoding.rotate(q, k, pos, self.index)
         return q, k, v
 
     def forward(self, x: Tensor, layer: LayerContext, cache: LayerCache | None = None) -> Tensor:
@@ -91,7 +96,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.queries_keys_values(x, layer.encoding, layer.pos)  # 3 x (B, H, c, D)
         if cache is not None:
             k, v = cache.extend(k, v)  # 2 x (B, H, n, D)
-        form = layer.encoding.layer_form(layer.form, self.index)
+        form = layer.encoding.layer_form(layer.form, self.index, x, None if cache is None else cache.state)
         if layer.observe is not None:
             layer.observe(AttentionInputs(q, k, form))
         dropout = self.dropout if self.training else 0.0

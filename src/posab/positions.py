@@ -22,6 +22,7 @@ class Positions:
     first: int  # required: a default would let `last` disagree with `token` unnoticed
     sentence: Tensor | None = None
     paragraph: Tensor | None = None
+    largest: int | None = None  # the largest position when `token` is not first + arange(T) (sampled)
 
     @staticmethod
     def build(
@@ -41,16 +42,7 @@ class Positions:
     @property
     def last(self) -> int:
         """The largest token position (host int)."""
-        return self.first + self.length - 1
-
-    def tail(self, count: int) -> Positions:
-        """The positions of the last `count` tokens."""
-        start = self.length - count
-        sentence = None if self.sentence is None else self.sentence[:, start:]
-        paragraph = None if self.paragraph is None else self.paragraph[:, start:]
-        return Positions(
-            token=self.token[start:], first=self.first + start, sentence=sentence, paragraph=paragraph
-        )
+        return self.first + self.length - 1 if self.largest is None else self.largest
 
     def extend(self, new: Positions) -> Positions:
         """These positions followed by `new`'s (the next tokens): the keys of a cached decoding step."""
@@ -60,4 +52,7 @@ class Positions:
 
         token = torch.cat([self.token, new.token])  # (n + c,)
         sentence, paragraph = joined(self.sentence, new.sentence), joined(self.paragraph, new.paragraph)
-        return Positions(token=token, first=self.first, sentence=sentence, paragraph=paragraph)
+        largest = None if self.largest is None and new.largest is None else max(self.last, new.last)
+        return Positions(
+            token=token, first=self.first, sentence=sentence, paragraph=paragraph, largest=largest
+        )

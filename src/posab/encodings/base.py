@@ -52,6 +52,7 @@ class Dims:
     n_layers: int = (
         1  # attention layers: an encoding with a module per layer (DAPE's score mixers) sizes on it
     )
+    window: int | None = None  # sliding-window attention in every layer (`model.window`), or None
 
     @property
     def head_dim(self) -> int:
@@ -80,25 +81,31 @@ class Encoding(nn.Module):
         """x: (B, T, C) token embeddings -> (B, T, C)."""
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, pos: Positions) -> tuple[Tensor, Tensor]:
-        """q, k: (B, H, T, D) -> rotated (B, H, T, D)."""
+    def rotate(self, q: Tensor, k: Tensor, pos: Positions, layer: int = 0) -> tuple[Tensor, Tensor]:
+        """q, k: (B, H, T, D) of attention layer `layer` -> rotated (B, H, T, D)."""
         return q, k
 
     def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
         """How position enters attention in this forward pass: `pos` the positions of the n keys, the
         queries their last `queries` (all of them but in a cached decoding step), `dtype` the attention
-        dtype (any mask is built in it). Causal attention alone by default."""
-        return Causal()
+        dtype (any mask is built in it). Causal attention alone by default (in a window with
+        `model.window`)."""
+        return Causal(self.dims.window)
 
-    def layer_form(self, form: Form, layer: int) -> Form:
-        """The form of attention layer `layer` given the pass's `form` (the same by default; DAPE: its
-        function of the logits and the bias, one per layer)."""
+    def layer_form(
+        self, form: Form, layer: int, x: Tensor | None = None, state: dict[str, Tensor] | None = None
+    ) -> Form:
+        """The form of attention layer `layer` given the pass's `form`: the same by default (DAPE: its
+        function of the logits and the bias, one per layer). `x` (B, c, C) is the layer's attention input
+        (a gate computed from the content reads it); `state` is what the layer's key/value cache keeps for
+        the encoding between decoding steps (None without a cache): an encoding with state of its own over
+        the keys (a sum of gates) reads and updates it here."""
         return form
 
     def distance_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Additive:
         """The additive form of a bias by distance, from `distance_bias` on the 2n-1 distances of n keys."""
         table = self.distance_bias(distances(pos.length, pos.token.device))  # (H, 2n-1)
-        return Additive.by_distance(table, queries, pos.length, dtype)
+        return Additive.by_distance(table, queries, pos.length, dtype, self.dims.window)
 
     def dense_bias(self, pos: Positions) -> Tensor | None:
         """The whole additive bias of a window, without the causal mask: (1|B, H, T, T) float32, or None.

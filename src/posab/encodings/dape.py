@@ -81,6 +81,11 @@ class DAPE(Encoding):
                 "scale or per-sample factors); DAPE builds on an additive bias: ALiBi, T5, FIRE, KERPLE or "
                 "multiscale with form=additive"
             )
+        if dims.window is not None:
+            raise ConfigError(
+                f"model.window={dims.window}: DAPE's function of the logits and the bias has no sliding "
+                "window here (the reference has none); use model.window=null"
+            )
         self.relative_only, self.static_form = self.base.relative_only, self.base.static_form
         self.mixers = nn.ModuleList(ScoreMixer(dims.n_heads, width) for _ in range(dims.n_layers))
 
@@ -89,7 +94,9 @@ class DAPE(Encoding):
             pos, queries, dtype
         )  # the base's additive bias, shared by every layer
 
-    def layer_form(self, form: Form, layer: int) -> Mixed:
+    def layer_form(
+        self, form: Form, layer: int, x: Tensor | None = None, state: dict[str, Tensor] | None = None
+    ) -> Mixed:
         """Layer `layer`'s function of the logits and the base's bias (`dape_kernel.Mixed`)."""
         return Mixed(form, self.mixers[layer])  # type: ignore[arg-type]  # an Additive (`additive_only`)
 

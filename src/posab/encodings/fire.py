@@ -85,7 +85,8 @@ class FIRE(Encoding):
 
     def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
         """A bias by distance and query position: the dense form, (1, H, c, n)."""
-        return Additive(self._mlp(self.inputs(pos, queries))[None], dtype)  # (H, c, n) -> (1, H, c, n)
+        bias = self._mlp(self.inputs(pos, queries))[None]  # (H, c, n) -> (1, H, c, n)
+        return Additive(bias, dtype, window=self.dims.window)
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         """(D,) distances i - j >= 0 -> (H, D) the bias of the query i = max(distance), as `bias` computes

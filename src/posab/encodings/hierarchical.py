@@ -57,6 +57,11 @@ class Hierarchical(Encoding):
         if combine not in COMBINES:
             raise ConfigError(f"hierarchical combine={combine!r}: use one of {list(COMBINES)}")
         self.combine = combine
+        if dims.window is not None and self.levels != ("token",):
+            raise ConfigError(
+                f"model.window={dims.window}: the hierarchical bias's sentence and paragraph levels have no "
+                "sliding window here; use model.window=null or encoding.levels=[token]"
+            )
         h = dims.n_heads
         mlps = {level: DistanceMLP(h, num_freqs, max_dist, hidden) for level in self.levels}
         self.level_mlps = nn.ModuleDict(mlps)

@@ -151,9 +151,10 @@ class MultiScale(Encoding):
         """`mlp`'s bias as a form: from the 2n-1 distances, or from the distinct FIRE inputs of the queries
         (their largest position read on the host: `Positions.last`)."""
         if self.input == "fire" and pos.last >= self.train_len:
-            return Additive(self._query_normalised(mlp, pos, queries)[None], dtype)  # (1, H, c, n)
+            bias = self._query_normalised(mlp, pos, queries)[None]  # (1, H, c, n)
+            return Additive(bias, dtype, window=self.dims.window)
         d = self._clamped(distances(pos.length, pos.token.device))  # (2n-1,)
-        return Additive.by_distance(mlp(self._transform(d)), queries, pos.length, dtype)
+        return Additive.by_distance(mlp(self._transform(d)), queries, pos.length, dtype, self.dims.window)
 
     def _inputs(self, distance: Tensor) -> Tensor:
         """(D,) the MLP's scalar inputs at distances i - j >= 0 for the query i = max(distance), on the branch

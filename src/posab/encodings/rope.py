@@ -133,7 +133,7 @@ class RoPE(Encoding):
             self._grow(max_position)
         return self.cos_cached[positions], self.sin_cached[positions]
 
-    def rotate(self, q: Tensor, k: Tensor, pos: Positions) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, pos: Positions, layer: int = 0) -> tuple[Tensor, Tensor]:
         cos, sin = self.tables(pos.token, pos.last)
         q, k = self._rotated(q, cos, sin), self._rotated(k, cos, sin)
         if self.attention_factor == 1.0:

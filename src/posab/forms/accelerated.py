@@ -36,9 +36,9 @@ def compiled_flex() -> Callable[..., Tensor]:
 
 
 @functools.cache
-def causal_blocks(queries: int, keys: int, device: str) -> object:
-    """The causal block mask of c queries (the last c of n keys) over n keys: blocks wholly after a query
-    are skipped, not computed and masked."""
+def causal_blocks(queries: int, keys: int, device: str, window: int | None = None) -> object:
+    """The causal block mask of c queries (the last c of n keys) over n keys, with a sliding `window`
+    when given: blocks wholly outside are skipped, not computed and masked."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset = keys - queries
@@ -46,14 +46,25 @@ def causal_blocks(queries: int, keys: int, device: str) -> object:
     def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return q_idx + offset >= kv_idx
 
-    return create_block_mask(causal, None, None, queries, keys, device=device)
+    def banded(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (q_idx + offset >= kv_idx) & (q_idx + offset - kv_idx < window)
+
+    rule = causal if window is None else banded
+    return create_block_mask(rule, None, None, queries, keys, device=device)
 
 
-def flex(q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod | None, scale: float | None = None) -> Tensor:
-    """FlexAttention with the causal block mask and `score_mod` (None: causal only); `scale` on q.k
-    (default 1 / sqrt(q's channels)): (B, H, c, Dv)."""
+def flex(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    score_mod: ScoreMod | None,
+    scale: float | None = None,
+    window: int | None = None,
+) -> Tensor:
+    """FlexAttention with the causal (or sliding-window) block mask and `score_mod` (None: causal only);
+    `scale` on q.k (default 1 / sqrt(q's channels)): (B, H, c, Dv)."""
     kernel = compiled_flex()
-    blocks = causal_blocks(q.shape[-2], k.shape[-2], str(q.device))
+    blocks = causal_blocks(q.shape[-2], k.shape[-2], str(q.device), window)
     with torch._dynamo.config.patch(recompile_limit=FLEX_GRAPHS):
         return kernel(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale)
 

@@ -39,11 +39,14 @@ class Additive(Form):
     table: Tensor | None = None
     queries: int = 0
     keys: int = 0
+    window: int | None = None  # sliding-window attention (`Causal`): keys more than window - 1 back masked
 
     @staticmethod
-    def by_distance(table: Tensor, queries: int, keys: int, dtype: torch.dtype) -> Additive:
+    def by_distance(
+        table: Tensor, queries: int, keys: int, dtype: torch.dtype, window: int | None = None
+    ) -> Additive:
         """A bias b(i - j) from its (H, 2n-1) table over distances -(n-1) .. n-1."""
-        return Additive(None, dtype, table, queries, keys)
+        return Additive(None, dtype, table, queries, keys, window)
 
     def dense_bias(self) -> Tensor:
         if self.dense is not None:
@@ -54,7 +57,8 @@ class Additive(Form):
     def mask(self) -> Tensor:
         """b plus the causal mask, in the attention dtype: (1, H, c, n), built once for every layer."""
         bias = self.dense_bias()
-        return (bias + block_causal(bias.shape[-2], bias.shape[-1], bias.device)).to(self.dtype)
+        causal = block_causal(bias.shape[-2], bias.shape[-1], bias.device, self.window)
+        return (bias + causal).to(self.dtype)
 
     def on_cpu(self, q: Tensor, k: Tensor, v: Tensor, dropout: float, backend: str) -> Tensor:
         if dropout == 0.0 and backend == "flex" and not torch.is_grad_enabled():
@@ -68,8 +72,8 @@ class Additive(Form):
             return sdpa(q, k, v, self.mask, dropout)
         if self.table is not None:
             zero = (self.keys - 1) + (self.keys - self.queries)  # table index of query row 0, key 0
-            return flex(q, k, v, table_score_mod(self.table, zero))
-        return flex(q, k, v, mask_score_mod(self.mask))
+            return flex(q, k, v, table_score_mod(self.table, zero), window=self.window)
+        return flex(q, k, v, mask_score_mod(self.mask), window=self.window)
 
     def scores(self, q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
         scores = logits(q, k, start, end)  # (B, H, c', stop)

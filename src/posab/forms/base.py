@@ -33,10 +33,15 @@ def causal_mask(length: int, device: torch.device) -> Tensor:
     return torch.full((length, length), float("-inf"), device=device).triu(1)
 
 
-def block_causal(queries: int, keys: int, device: torch.device) -> Tensor:
+def block_causal(queries: int, keys: int, device: torch.device, window: int | None = None) -> Tensor:
     """(c, n) float: 0 where key j <= n - c + r (query row r's own position), -inf after it; for c = n the
-    causal mask itself."""
-    return torch.full((queries, keys), float("-inf"), device=device).triu(keys - queries + 1)
+    causal mask itself. With a `window` W, also -inf at keys j <= n - c + r - W (sliding-window attention:
+    each query sees itself and the W - 1 keys before it)."""
+    offset = keys - queries
+    mask = torch.full((queries, keys), float("-inf"), device=device).triu(offset + 1)
+    if window is None:
+        return mask
+    return mask + torch.full((queries, keys), float("-inf"), device=device).tril(offset - window)
 
 
 def key_offset(q: Tensor, k: Tensor) -> int:
@@ -97,6 +102,17 @@ class Form:
         """The additive bias this form adds to the logits, without the causal mask: (1|B, H, c, n) in
         float32, or None. For checking and analysis; the fast paths never form it unless they must."""
         return None
+
+
+@dataclass(eq=False)
+class PerLayer(Form):
+    """Forms that differ between layers (a hybrid's global and windowed layers), built once per pass;
+    `Encoding.layer_form` picks each layer's. Not a form to attend with itself."""
+
+    forms: tuple[Form, ...]
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, dropout: float = 0.0, backend: str = "sdpa") -> Tensor:
+        raise TypeError("PerLayer holds one form per kind of layer: attend with `Encoding.layer_form`'s")
 
 
 @dataclass
