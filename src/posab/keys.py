@@ -61,6 +61,8 @@ AUDIT_LENGTH_METRICS = (
     "novelty_near",
 )
 AUDIT_ATTENTION_METRICS = ("entropy", "distance")  # at a length; per (layer, head) or their mean
+# position that depends on the content (`Form.content_statistics`): at a length; per (layer, head) or mean
+AUDIT_CONTENT_METRICS = ("gate_log", "gate_bias_far", "cope_count_last", "cope_count_mean", "cope_clamped")
 AUDIT_PULL = "bias_pull"  # at a length; per head or the largest over heads
 AUDIT_METRICS = (
     *AUDIT_HEAD_METRICS,
@@ -68,6 +70,7 @@ AUDIT_METRICS = (
     *AUDIT_LENGTH_METRICS,
     AUDIT_PULL,
     *AUDIT_ATTENTION_METRICS,
+    *AUDIT_CONTENT_METRICS,
 )
 FAMILY_OF = {
     metric: family

@@ -60,6 +60,17 @@ path, so the audit reads exactly what the model adds. T = L_train (`train.seq_le
    analysis's timings, `QUERY_CHUNK`: default model, 2 CPU cores, ~4-5 s a window at L = 4096, so under
    ~10 s over 512 .. 4096 with one window); parts 1 and 2 are a few calls of the bias on D distances.
 
+4. Position that depends on the content (FoX's forget gates, CoPE's position counts): what each layer's
+   attention form reports of it (`Form.content_statistics`, per head, from the layer's q and k) over the
+   first of the fixed validation windows at each of `eval.lengths`, one forward pass per length, only for
+   an encoding whose forms report anything (found by one pass at the shortest length). FoX: the mean
+   log forget gate per token (`gate_log`, the decay's slope) and the mean gate bias c_i - c_j at the
+   window's longest distance (`gate_bias_far`): the bias curve as the gates make it, at and past the
+   training length. CoPE: the position count at the last query (`cope_count_last`, which the clamp at
+   npos - 1 caps), its mean over each row's keys (`cope_count_mean`) and the share of pairs counted past
+   npos - 1 (`cope_clamped`). `audit/NAME@L` (mean over layers and heads), `audit/NAME@L/layerN/headM`,
+   and the `extrapolation_content` table.
+
 The keys are `posab.keys`' audit family. With a passkey stage the audit runs on the language model,
 before it.
 """
@@ -80,11 +91,13 @@ from posab.errors import require
 from posab.evaluate.attention_analysis import grid_scalars, statistics_grid, stats_table
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
+from posab.forms import AttentionInputs
 from posab.keys import AUDIT, key_lengths, metric_key
 from posab.outputs import Column, EvalOutput, Table
 from posab.plots import new_figure
 
 PREFIX = AUDIT  # the keys' family (posab.keys)
+CONTENT_COLUMNS = ["length", "layer", "head", "statistic", "value"]  # part 4's table
 OUTSIDE_SLACK = 4 * torch.finfo(torch.float32).eps  # relative: a few float32 ulps of the bound
 SUMMARY = ("at_end", "min_beyond", "max_beyond", "jump", "jump_rel")
 SUMMARY_KEYS = {  # the per-head scalars: `audit/KEY/headH`
@@ -309,6 +322,38 @@ def attention_output(ctx: EvalContext, windows: int) -> EvalOutput:
     )
 
 
+def layer_content(ctx: EvalContext, length: int) -> list[dict[str, Tensor]]:
+    """Part 4 at one length: every layer's `content_statistics` over the first fixed validation window."""
+    start = int(ctx.valid.fixed_windows(length, 1)[0])
+    batch = ctx.valid.batch([start], length)
+    layers: list[dict[str, Tensor]] = []
+
+    def observe(inputs: AttentionInputs) -> None:
+        found = inputs.form.content_statistics(inputs.q, inputs.k)
+        layers.append({name: value.double().cpu() for name, value in found.items()})
+
+    ctx.logits(batch.inputs, batch.sentence, batch.paragraph, observe=observe)
+    return layers
+
+
+def content_output(ctx: EvalContext) -> EvalOutput:
+    """Part 4: content-dependent position statistics at each length; empty when no form reports any."""
+    lengths = sorted(ctx.cfg.lengths)
+    rows: list[list[object]] = []
+    scalars: dict[str, float] = {}
+    for length in lengths:
+        layers = layer_content(ctx, length)
+        if not any(layers):
+            return EvalOutput()  # an encoding whose forms report nothing: one pass at the shortest length
+        for name in layers[0]:
+            per_layer = torch.stack([stats[name] for stats in layers])  # (layers, H)
+            scalars[metric_key(name, length)] = float(per_layer.mean())
+            for (layer, head), value in np.ndenumerate(per_layer.numpy()):
+                scalars[f"{PREFIX}/{name}@{length}/layer{layer}/head{head}"] = float(value)
+                rows.append([length, layer, head, name, float(value)])
+    return EvalOutput(scalars=scalars, tables={"extrapolation_content": Table(CONTENT_COLUMNS, rows)})
+
+
 class ExtrapolationAudit(Evaluator[ExtrapolationConfig]):
     """The bias curve and its summary, the MLP's input novelty and the attention statistics (module
     docstring): `audit/...` scalars, the `extrapolation_*` tables, figure and arrays."""
@@ -324,6 +369,7 @@ class ExtrapolationAudit(Evaluator[ExtrapolationConfig]):
         output = bias_output(ctx)
         output.update(novelty_output(ctx))
         output.update(attention_output(ctx, self.cfg.windows))
+        output.update(content_output(ctx))
         return output
 
     @staticmethod
