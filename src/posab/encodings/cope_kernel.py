@@ -26,7 +26,8 @@ from posab.encodings.dape_kernel import without_autocast
 from posab.forms import Form, compute_dtype
 from posab.forms.base import key_offset
 
-COUNT_CHUNK = 32  # queries per chunk of `counted_forward` and its backward (measured: `posab bench`)
+COUNT_CHUNK = 32  # queries per chunk: the fastest training step (L=512, B=16, bf16 autocast, CPU time on 1
+# thread, the default model): 16: 2.68x NoPE, 32: 2.59x, 64: 2.96x, 128: 3.81x
 
 
 @dataclass
