@@ -16,18 +16,21 @@ before the division (`--cope-nodiv` off: `attn_logits += pos_logits; attn_logits
 gates masked by the causal mask, which includes the diagonal, so p_ii = g_ii; the reverse cumulative sum
 `gates.flip(-1).cumsum(-1).flip(-1)`; `positions.clamp(max=npos - 1)`; `pos_emb = zeros(1, head_dim,
 npos)` per layer, `--cope-shared` off). `scale_positions=false` is its `--cope-nodiv`, S = q.k / sqrt(D) + z,
-which is also the paper's appendix code as x-transformers transcribes it (`CoPE`, lucidrains/x-transformers).
+the placement of x-transformers' `CoPE` (lucidrains/x-transformers, which cites the paper's appendix B: the
+position logits added to the already scaled logits; its `cope_max_pos` defaults to 16).
 
 npos. The reference's default is `block_size + 1` ("need 1 extra position because position 0 is
 possible"), block_size the training context length: here npos = train_len + 1 (513 in the study, 129 in
 the tiny preset). In training a count never reaches the clamp: p_ij <= i - j + 1 <= train_len = npos - 1.
 Past the training length it can: a row i >= train_len with more than train_len counted keys reads e[npos -
-1] for every key j whose count passes it. That table row, and every row above the largest count training
-produced, received no gradient: they are still at their zero initialisation (no weight decay), so the
-extrapolation question for CoPE is how far the counts of a longer context spread past the counts seen in
-training, and how many saturate (`Counted.position_counts`, the extrapolation audit). Heads whose gates
-count rarely (sentence-like units) keep their counts small at any length; heads that count every token
-(g ~ 1) behave like a learned relative position clamped at train_len.
+1] for every key j whose count passes it. e[t] is trained only by counts in (t - 1, t + 1), so that row,
+and every row above the largest count training produced (the gates start near 1/2, so counts start near
+half the distance), are still at their zero initialisation (no weight decay): a key counted past them gets
+the position logit 0, as under NoPE. The extrapolation question for CoPE is how far the counts of a longer
+context spread past those seen in training and how many saturate (`Counted.position_counts`, the
+extrapolation audit's `cope_*` statistics). Heads whose gates count rarely (sentence-like units) keep their
+counts small at any length; heads that count every token (g ~ 1) behave like a learned relative position
+whose table ends, at zero, at the training length.
 
 CoPE's outputs never read the token positions: `relative_only` (the shift test: a common offset changes
 nothing, exactly). Cost: the scores are explicit (sigmoid, reverse cumsum and two gathers per pair), by
