@@ -170,6 +170,8 @@ VARIANTS = [
     ("hierarchical", "encoding.levels=[token]"),
     ("nope", "model.window=16"),  # sliding-window attention: the causal form's band
     ("alibi", "model.window=16"),  # and an additive form's
+    ("fox", "model.window=16"),  # and the forget gate's own form
+    ("fox", "encoding.gate_bias_init=5.0"),  # DataDependentAlibi's gate bias: a slow decay
 ]
 CASES = [(name, None) for name in ENCODINGS] + VARIANTS  # every encoding, then the variants
 

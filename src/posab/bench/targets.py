@@ -84,6 +84,23 @@ GOALS: tuple[Goal, ...] = (
     Goal(STEP, "encoding=dape_multiscale", "ratio_to_nope <= 2", STEP_RATIO),
     Goal(EVAL, "encoding=dape_alibi length=longest", "peak_ratio_to_alibi <= 1.5", EVAL_MEMORY),
     Goal(EVAL, "encoding=dape_multiscale length=longest", "peak_ratio_to_alibi <= 1.5", EVAL_MEMORY),
+    # the frontier encodings (issue 43), each bound from its structure (docs/encodings.md). FoX and xPos:
+    # a rank-2 gate bias / a second elementwise scale of q and k, so near NoPE (the issue's 1.25x). The
+    # window hybrids: RoPE on 3 layers of 4 and a band mask, so at most RoPE's cost. Stick-breaking: a
+    # log-sigmoid, a reverse cumulative sum and an explicit probability per pair in a chunked kernel with
+    # no fused softmax (2x), but no (1, H, L, L) mask at evaluation (a quarter of ALiBi's). CoPE: a second
+    # matmul for the position logits, a sigmoid and a scan per pair, two gathers and an explicit softmax (3x)
+    Goal(STEP, "encoding=fox", "ratio_to_nope <= 1.25", STEP_RATIO),
+    Goal(STEP, "encoding=xpos", "ratio_to_nope <= 1.25", STEP_RATIO),
+    Goal(STEP, "encoding=swan", "ratio_to_nope <= 1.10", STEP_RATIO),
+    Goal(STEP, "encoding=rnope_swa", "ratio_to_nope <= 1.10", STEP_RATIO),
+    Goal(STEP, "encoding=stickbreaking", "ratio_to_nope <= 2", STEP_RATIO),
+    Goal(STEP, "encoding=cope", "ratio_to_nope <= 3", STEP_RATIO),
+    Goal(EVAL, "encoding=fox length=longest", "peak_ratio_to_alibi <= 1", EVAL_MEMORY),
+    Goal(EVAL, "encoding=cope length=longest", "peak_ratio_to_alibi <= 1", EVAL_MEMORY),
+    Goal(EVAL, "encoding=swan length=longest", "peak_ratio_to_alibi <= 1", EVAL_MEMORY),
+    Goal(EVAL, "encoding=rnope_swa length=longest", "peak_ratio_to_alibi <= 1", EVAL_MEMORY),
+    Goal(EVAL, "encoding=stickbreaking length=longest", "peak_ratio_to_alibi <= 0.25", EVAL_MEMORY),
     # the training step against x-transformers' with the same sizes
     Goal(PEER, "posab=rope", "ratio <= 0.6", PEER_RATIO),
     Goal(PEER, "posab=alibi", "ratio <= 0.6", PEER_RATIO),
