@@ -240,9 +240,34 @@ def test_the_model_observes_the_layers_counted_forms() -> None:
     counts = seen[0].form.position_counts(seen[0].q, seen[0].k)
     assert counts.largest.shape == (2, model.cfg.n_heads, 20) and counts.limit.tolist() == [128]
     audit = seen[0].form.content_statistics(seen[0].q, seen[0].k)  # the extrapolation audit's part 4
+    names = ("cope_count_last", "cope_count_mean", "cope_count_max", "cope_clamped")
     assert {name: tuple(value.shape) for name, value in audit.items()} == {
-        name: (model.cfg.n_heads,) for name in ("cope_count_last", "cope_count_mean", "cope_clamped")
+        name: (model.cfg.n_heads,) for name in names
     }
+    assert torch.equal(audit["cope_count_max"], counts.largest.amax((0, 2)))
+
+
+def test_the_audit_reads_counts_past_the_largest_seen_at_the_training_length() -> None:
+    """`cope_past_trained`: the share of pairs whose count passes each head's largest count over the
+    window at the training length, by hand from the counts."""
+    model = randomised(tiny_model("cope"))
+    seen: list[AttentionInputs] = []
+    model(text_like(60)[0], observe=seen.append)
+    short = seen[0].form.content_statistics(seen[0].q[..., :20, :], seen[0].k[..., :20, :])
+    audit = seen[0].form.content_statistics(seen[0].q, seen[0].k, short)
+    q, k = seen[0].q.double(), seen[0].k.double()
+    gates = torch.sigmoid(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).tril()  # (B, H, 60, 60)
+    counts = gates.flip(-1).cumsum(-1).flip(-1)  # p_ij = sum_{t=j..i} g_it
+    limit = short["cope_count_max"].double()[:, None, None]
+    mask = torch.ones(60, 60, dtype=torch.bool).tril()
+
+    def share(margin: float) -> Tensor:  # (H,): pairs past limit + margin, as a share of each row's keys
+        return (((counts > limit + margin) & mask).sum(-1).double() / mask.sum(-1)).mean((0, 2))
+
+    found = audit["cope_past_trained"].double()  # float32 counts: a pair within rounding may go either way
+    assert (share(1e-4) - 1e-6 <= found).all() and (found <= share(-1e-4) + 1e-6).all()  # float32 means
+    assert (share(-1e-4) - share(1e-4)).max() < 2e-3  # ties are few: the bounds pin it down
+    assert audit["cope_past_trained"].max() > 0.1  # three times the length: many counts pass the limit
 
 
 @pytest.mark.parametrize(

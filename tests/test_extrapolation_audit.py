@@ -30,13 +30,17 @@ from posab.evaluate.extrapolation import (
     pull_scalars,
 )
 from posab.forms import LowRank, Scaled
-from posab.keys import format_key, parse_key
+from posab.keys import AUDIT_CONTENT_METRICS, format_key, parse_key
 from posab.outputs import EvalOutput
 from posab.plots import png_bytes
 from posab.run.audit_backfill import backfill_run
 
 TRAIN_LEN = 32
 LENGTHS = [16, 32, 64]
+CONTENT_REPORTED = {  # part 4: what the content-dependent encodings' forms report at every length
+    "fox": ("gate_log", "gate_bias_far"),
+    "cope": ("cope_count_last", "cope_count_mean", "cope_count_max", "cope_clamped"),
+}
 # Every encoding is audited alike: a bias curve exactly where it offers its bias by distance (`distance_bias`,
 # which must then be the model's own bias; an additive bias without one fails), novelty exactly where it
 # offers its bias MLP's inputs (`bias_features`), so a new encoding needs no entry here. These sets only
@@ -207,6 +211,12 @@ def test_every_encoding_gets_attention_statistics_and_bias_curves_where_it_has_t
                 assert 0 <= scalars[f"audit/distance@{length}/layer{layer}/head{head}"] <= length - 1
         assert 0 <= scalars[f"audit/entropy@{length}"] <= math.log(length) + 1e-5
     assert len(output.tables["extrapolation_attention"].rows) == len(LENGTHS) * layers * heads
+    means = [key[len("audit/") :].split("@") for key in scalars if "@" in key and "/layer" not in key]
+    content = {(name, int(length)) for name, length in means if name in AUDIT_CONTENT_METRICS}
+    expected = {name: LENGTHS for name in CONTENT_REPORTED.get(encoding, ())}
+    if encoding == "cope":  # read against the pass at the training length, past it
+        expected["cope_past_trained"] = [length for length in LENGTHS if length > TRAIN_LEN]
+    assert content == {(name, length) for name, lengths in expected.items() for length in lengths}
     has_curve = "extrapolation_bias" in output.arrays
     assert has_curve == offers(ctx.model.encoding, "distance_bias")
     assert has_curve or encoding not in DISTANCE_BIASED

@@ -62,7 +62,15 @@ AUDIT_LENGTH_METRICS = (
 )
 AUDIT_ATTENTION_METRICS = ("entropy", "distance")  # at a length; per (layer, head) or their mean
 # position that depends on the content (`Form.content_statistics`): at a length; per (layer, head) or mean
-AUDIT_CONTENT_METRICS = ("gate_log", "gate_bias_far", "cope_count_last", "cope_count_mean", "cope_clamped")
+AUDIT_CONTENT_METRICS = (
+    "gate_log",
+    "gate_bias_far",
+    "cope_count_last",
+    "cope_count_mean",
+    "cope_count_max",
+    "cope_clamped",
+    "cope_past_trained",
+)
 AUDIT_PULL = "bias_pull"  # at a length; per head or the largest over heads
 AUDIT_METRICS = (
     *AUDIT_HEAD_METRICS,

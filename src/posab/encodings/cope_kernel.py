@@ -217,16 +217,27 @@ class Counted(Form):
             q, k = in_scores_dtype(q, k)
             return counted_chunk(q, k, self.table.to(q.dtype), self.scale, start, end).scores
 
-    def content_statistics(self, q: Tensor, k: Tensor) -> dict[str, Tensor]:
-        """The extrapolation audit's view of the counts (per head, mean over the batch): the count at the
-        window's last query (`cope_count_last`), each row's mean count (`cope_count_mean`) and the share
-        of pairs counted past npos - 1 (`cope_clamped`), both averaged over the rows."""
+    def content_statistics(
+        self, q: Tensor, k: Tensor, trained: dict[str, Tensor] | None = None
+    ) -> dict[str, Tensor]:
+        """The extrapolation audit's view of the counts (per head, mean over the batch unless named): the
+        count at the window's last query (`cope_count_last`), each row's mean count (`cope_count_mean`),
+        the largest count of any pair (`cope_count_max`, over the batch), and the share of pairs counted
+        past npos - 1 (`cope_clamped`), averaged over the rows. With the statistics at the training length
+        (`trained`), also the share counted past each head's largest count there (`cope_past_trained`):
+        table rows above it were barely trained (e[t] learns only from counts in (t - 1, t + 1)), so those
+        pairs read an untrained row, zero at init, well before the clamp at npos - 1."""
         counts = self.position_counts(q, k)
-        return {
+        found = {
             "cope_count_last": counts.largest[..., -1].mean(0),
             "cope_count_mean": counts.mean.mean((0, 2)),
+            "cope_count_max": counts.largest.amax((0, 2)),
             "cope_clamped": counts.past.mean((0, 2)),
         }
+        if trained is not None:
+            limit = trained["cope_count_max"].to(q.device)  # (H,)
+            found["cope_past_trained"] = self.position_counts(q, k, limit).past.mean((0, 2))
+        return found
 
     @torch.no_grad()
     def position_counts(self, q: Tensor, k: Tensor, limit: Tensor | float | None = None) -> PositionCounts:

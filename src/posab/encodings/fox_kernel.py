@@ -199,7 +199,9 @@ class Forgetting(Form):
         """The whole (B, H, c, n) bias plus the causal mask, differences in float32, then in `dtype`."""
         return masked(decay_rows(self.cum, self.queries, 0, self.queries), self.window).to(dtype)
 
-    def content_statistics(self, q: Tensor, k: Tensor) -> dict[str, Tensor]:
+    def content_statistics(
+        self, q: Tensor, k: Tensor, trained: dict[str, Tensor] | None = None
+    ) -> dict[str, Tensor]:
         """For the extrapolation audit, per head over the batch, (H,) each: `gate_log` the mean log forget
         gate per token (the decay's slope, c_{n-1} / n) and `gate_bias_far` the decay at the longest
         distance of the keys, D_{n-1,0} = c_{n-1} - c_0 (the bias curve as the gates make it)."""

@@ -67,8 +67,11 @@ path, so the audit reads exactly what the model adds. T = L_train (`train.seq_le
    log forget gate per token (`gate_log`, the decay's slope) and the mean gate bias c_i - c_j at the
    window's longest distance (`gate_bias_far`): the bias curve as the gates make it, at and past the
    training length. CoPE: the position count at the last query (`cope_count_last`, which the clamp at
-   npos - 1 caps), its mean over each row's keys (`cope_count_mean`) and the share of pairs counted past
-   npos - 1 (`cope_clamped`). `audit/NAME@L` (mean over layers and heads), `audit/NAME@L/layerN/headM`,
+   npos - 1 caps), its mean over each row's keys (`cope_count_mean`), its largest (`cope_count_max`),
+   the share of pairs counted past npos - 1 (`cope_clamped`) and, past the training length, the share
+   counted past each head's largest count at the training length (`cope_past_trained`: keys that read a
+   table row training barely reached; measured on the window at L_train, one more pass when L_train is
+   not among the lengths). `audit/NAME@L` (mean over layers and heads), `audit/NAME@L/layerN/headM`,
    and the `extrapolation_content` table.
 
 The keys are `posab.keys`' audit family. With a passkey stage the audit runs on the language model,
@@ -322,35 +325,48 @@ def attention_output(ctx: EvalContext, windows: int) -> EvalOutput:
     )
 
 
-def layer_content(ctx: EvalContext, length: int) -> list[dict[str, Tensor]]:
-    """Part 4 at one length: every layer's `content_statistics` over the first fixed validation window."""
+def layer_content(
+    ctx: EvalContext, length: int, trained: list[dict[str, Tensor]] | None = None
+) -> list[dict[str, Tensor]]:
+    """Part 4 at one length: every layer's `content_statistics` over the first fixed validation window,
+    given each layer's at the training length (`trained`) when there are any."""
     start = int(ctx.valid.fixed_windows(length, 1)[0])
     batch = ctx.valid.batch([start], length)
     layers: list[dict[str, Tensor]] = []
 
     def observe(inputs: AttentionInputs) -> None:
-        found = inputs.form.content_statistics(inputs.q, inputs.k)
+        reference = trained[len(layers)] if trained else None
+        found = inputs.form.content_statistics(inputs.q, inputs.k, reference)
         layers.append({name: value.double().cpu() for name, value in found.items()})
 
     ctx.logits(batch.inputs, batch.sentence, batch.paragraph, observe=observe)
     return layers
 
 
+def content_scalars(name: str, length: int, per_layer: np.ndarray) -> dict[str, float]:
+    """`audit/NAME@L` (the mean) and `audit/NAME@L/layerN/headM` from a (layers, H) statistic."""
+    scalars = {metric_key(name, length): float(per_layer.mean())}
+    for (layer, head), value in np.ndenumerate(per_layer):
+        scalars[f"{PREFIX}/{name}@{length}/layer{layer}/head{head}"] = float(value)
+    return scalars
+
+
 def content_output(ctx: EvalContext) -> EvalOutput:
-    """Part 4: content-dependent position statistics at each length; empty when no form reports any."""
+    """Part 4: content-dependent position statistics at each length, those past the training length read
+    against the pass at it; empty when no form reports any."""
     lengths = sorted(ctx.cfg.lengths)
+    trained = layer_content(ctx, ctx.train_len)
+    if not any(trained):
+        return EvalOutput()  # an encoding whose forms report nothing: one pass
     rows: list[list[object]] = []
     scalars: dict[str, float] = {}
     for length in lengths:
-        layers = layer_content(ctx, length)
-        if not any(layers):
-            return EvalOutput()  # an encoding whose forms report nothing: one pass at the shortest length
+        past = length > ctx.train_len
+        layers = trained if length == ctx.train_len else layer_content(ctx, length, trained if past else None)
         for name in layers[0]:
-            per_layer = torch.stack([stats[name] for stats in layers])  # (layers, H)
-            scalars[metric_key(name, length)] = float(per_layer.mean())
-            for (layer, head), value in np.ndenumerate(per_layer.numpy()):
-                scalars[f"{PREFIX}/{name}@{length}/layer{layer}/head{head}"] = float(value)
-                rows.append([length, layer, head, name, float(value)])
+            per_layer = torch.stack([stats[name] for stats in layers]).numpy()  # (layers, H)
+            scalars.update(content_scalars(name, length, per_layer))
+            rows += [[length, layer, head, name, float(v)] for (layer, head), v in np.ndenumerate(per_layer)]
     return EvalOutput(scalars=scalars, tables={"extrapolation_content": Table(CONTENT_COLUMNS, rows)})
 
 

@@ -103,10 +103,13 @@ class Form:
         float32, or None. For checking and analysis; the fast paths never form it unless they must."""
         return None
 
-    def content_statistics(self, q: Tensor, k: Tensor) -> dict[str, Tensor]:
+    def content_statistics(
+        self, q: Tensor, k: Tensor, trained: dict[str, Tensor] | None = None
+    ) -> dict[str, Tensor]:
         """Statistics of a position that depends on the content (a forget gate's decay, CoPE's position
         counts), for the extrapolation audit: name -> (H,) per head, from the layer's q (B, H, c, D) and
-        k (B, H, n, D) over a window. None to report by default (a position fixed by i - j)."""
+        k (B, H, n, D) over a window. `trained`: the same layer's statistics at the training length, for
+        those read against what training reached. None to report by default (a position fixed by i - j)."""
         return {}
 
 
