@@ -26,6 +26,8 @@ EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 @pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
 def test_every_group_option_composes_and_instantiates(group: str, option: str) -> None:
     overrides = [f"{group}={option}"]
+    if group == "task":
+        overrides.insert(0, "data=task")  # a task is data=task's choice
     if option == "text":
         overrides.append("data.path=anywhere")  # required by the text source; not read here
     cfg = typed_config(overrides)

@@ -99,7 +99,7 @@ def test_one_new_file_is_a_new_evaluator(tmp_path: Path) -> None:
 
 def test_every_evaluator_has_a_config_section_and_a_report_declaration() -> None:
     names = [cls.name for cls in evaluator_classes()]
-    assert names == ["perplexity", "needle", "extrapolation", "shift", "analysis"]
+    assert names == ["task", "perplexity", "needle", "extrapolation", "shift", "analysis"]
     defaults = EvalConfig()
     for cls in evaluator_classes():
         assert isinstance(getattr(defaults, cls.name), cls.config)

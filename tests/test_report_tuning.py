@@ -60,3 +60,29 @@ def test_tuning_script_writes_the_table_and_picks(tmp_path: Path, capsys: pytest
 def test_an_encoding_without_a_run_at_lr_mult_1_is_refused() -> None:
     with pytest.raises(ReportError, match="t5: no finished run at encoding.lr_mult=1"):
         picks(points([run("t5", 1e-3, 1.7, 10.0)]))
+
+
+def task_run(encoding: str, task: str, lr: float, val_loss: float) -> RunRecord:
+    config = {"train.lr": str(lr), "data.task.name": task}
+    return finished_run(f"{encoding}-{task}-{lr}", encoding, 0, "tasks_tune", config, {"val_loss": val_loss})
+
+
+def test_a_task_suite_picks_on_the_mean_over_the_tasks_an_encoding_was_tuned_on() -> None:
+    """rope: copy prefers 1e-3, addition 3e-3; the mean picks 3e-3. nope: its 6e-3 addition run is
+    missing, so 6e-3 (the best copy loss) cannot be picked. hierarchical: tuned on addition alone."""
+    runs = [
+        *(task_run("rope", "copy", lr, loss) for lr, loss in ((1e-3, 0.10), (3e-3, 0.20), (6e-3, 0.90))),
+        *(task_run("rope", "addition", lr, loss) for lr, loss in ((1e-3, 1.00), (3e-3, 0.50), (6e-3, 0.60))),
+        *(task_run("nope", "copy", lr, loss) for lr, loss in ((1e-3, 0.50), (3e-3, 0.40), (6e-3, 0.01))),
+        *(task_run("nope", "addition", lr, loss) for lr, loss in ((1e-3, 0.70), (3e-3, 0.80))),
+        *(
+            task_run("hierarchical", "addition", lr, loss)
+            for lr, loss in ((1e-3, 0.3), (3e-3, 0.2), (6e-3, 0.4))
+        ),
+    ]
+    frame = points(runs)
+    chosen = {p.encoding: p for p in picks(frame)}
+    assert chosen["rope"].lr == 3e-3 and chosen["rope"].val_loss == pytest.approx(0.35)
+    assert chosen["nope"].lr == 1e-3 and chosen["nope"].val_loss == pytest.approx(0.60)
+    assert chosen["hierarchical"].lr == 3e-3 and chosen["hierarchical"].val_loss == pytest.approx(0.2)
+    assert len(frame) == 9 and "task" not in frame.columns  # one line per (encoding, lr, lr_mult)

@@ -9,10 +9,12 @@ from posab.model import DecoderLM
 
 
 def max_positions(cfg: Config) -> int:
-    """One more than the largest token position any part of the run will use: training, `eval.lengths` and
-    what each enabled evaluator declares (`Evaluator.positions`)."""
+    """One more than the largest token position any part of the run will use: training, `eval.lengths`,
+    what each enabled evaluator declares (`Evaluator.positions`) and a task's longest test example."""
     train_len = cfg.train.seq_len
     declared = [e.positions(cfg.eval, train_len) for e in enabled_evaluators(cfg.eval)]
+    if cfg.data.source == "task":  # a task's test examples, decoded to their EOS
+        declared.append(cfg.data.task.test_positions)
     return max([train_len + 1, *(n + 1 for n in cfg.eval.lengths), *declared])
 
 

@@ -42,16 +42,26 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from posab.cache import KVCache
+from posab.data.tasks import TaskTokenizer, TaskTracker
 from posab.data.tokenizer import BOS, PARA, PARAGRAPH_BREAK, SENT, SENTENCE_END, Tokenizer
 from posab.errors import ConfigError, require
 from posab.model import DecoderLM
 
 Indices = tuple[Tensor | None, Tensor | None]  # sentence, paragraph: (B, c) each, or None when unknown
+
+
+class Tracker(Protocol):
+    """Assigns the sentence and paragraph indices of a growing sequence: `StructureTracker` (text) or
+    `posab.data.tasks.TaskTracker` (a task's rule)."""
+
+    def extend(self, ids: Iterable[int]) -> tuple[list[int], list[int]]: ...
+    def seed(self, ids: Sequence[int], sentence: Sequence[int], paragraph: Sequence[int]) -> None: ...
 
 
 class StructureTracker:
@@ -140,6 +150,13 @@ class StructureTracker:
         return piece or b""
 
 
+def structure_tracker(tokenizer: Tokenizer) -> Tracker:
+    """A tracker of the tokenizer's own rule: a task's (`posab.data.tasks.vocab`) or text's (above)."""
+    return (
+        TaskTracker() if isinstance(tokenizer, TaskTokenizer) else StructureTracker.for_tokenizer(tokenizer)
+    )
+
+
 def choose_next(
     logits: Tensor,
     temperature: float = 0.0,
@@ -194,7 +211,7 @@ def generate(
     temperature: float = 0.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
-    structure: Sequence[StructureTracker] | None = None,
+    structure: Sequence[Tracker] | None = None,
     sentence: Tensor | None = None,
     paragraph: Tensor | None = None,
     offset: int = 0,
@@ -227,7 +244,7 @@ def step_by_step_full(
     prompt: Tensor,
     steps: int,
     *,
-    structure: Sequence[StructureTracker] | None = None,
+    structure: Sequence[Tracker] | None = None,
     sentence: Tensor | None = None,
     paragraph: Tensor | None = None,
     offset: int = 0,
@@ -269,7 +286,7 @@ def check_request(
 
 def prompt_indices(
     prompt: Tensor,
-    structure: Sequence[StructureTracker] | None,
+    structure: Sequence[Tracker] | None,
     sentence: Tensor | None,
     paragraph: Tensor | None,
 ) -> Indices:
@@ -292,7 +309,7 @@ def prompt_indices(
     return sentence, paragraph
 
 
-def next_indices(token: Tensor, structure: Sequence[StructureTracker] | None) -> Indices:
+def next_indices(token: Tensor, structure: Sequence[Tracker] | None) -> Indices:
     """The new tokens' (B, 1) sentence and paragraph indices, from every row's tracker; None without."""
     if structure is None:
         return None, None
@@ -325,4 +342,5 @@ __all__ = [
     "generate",
     "prefill",
     "step_by_step_full",
+    "structure_tracker",
 ]

@@ -1,7 +1,7 @@
 """The grammar of the evaluations' metric keys: a typed key (`MetricKey`), one `format_key`, one `parse_key`.
 
 Every evaluator names its scalars, series and per-window arrays with these keys, and the summary, the
-loggers and the report read them back through this module only. Three families:
+loggers and the report read them back through this module only. Five families:
 
 - perplexity (`posab.evaluate.perplexity`): `METRIC[@VARIANT]/L`, e.g. `loss/512`, `ppl@yarn/4096`,
   `bpb@ntk/2048`, `position_loss@pi/4096`;
@@ -9,6 +9,9 @@ loggers and the report read them back through this module only. Three families:
   `needle/METRIC@L/depthD` (one cell; D as Python writes the float: `depth0.25`), `needle/digit_acc/dI`
   and `needle/digit_acc@L/dI` (digit I of the key);
 - shift (`posab.evaluate.shift`): `shift/{offset|prefix|context}K/METRIC`, e.g. `shift/offset512/kl`;
+- task (`posab.evaluate.task`): `task/METRIC[@n]`, exact-match accuracy at an instance length n of an
+  algorithmic task (`task/exact@24`; n counts the task's own unit, not tokens) and its summaries
+  (`task/exact_unseen`, `task/tf_disagree`);
 - audit (`posab.evaluate.extrapolation`): `audit/METRIC[@L][/layerN][/headH]`: the bias summary per head
   (`audit/bias_end/head0`; `audit/bias_jump`, the largest over heads), the MLP input novelty at each length
   (`audit/novelty_outside@4096`), the bias's pull past the training length (`audit/bias_pull@4096/head0`,
@@ -33,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-PPL, NEEDLE, SHIFT, AUDIT = "ppl", "needle", "shift", "audit"  # the families
+PPL, NEEDLE, SHIFT, AUDIT, TASK = "ppl", "needle", "shift", "audit", "task"  # the families
 PPL_METRICS = (
     "loss",
     "ppl",
@@ -72,6 +75,8 @@ AUDIT_CONTENT_METRICS = (
     "cope_past_trained",
 )
 AUDIT_PULL = "bias_pull"  # at a length; per head or the largest over heads
+TASK_LENGTH_METRICS = ("exact",)  # at an instance length
+TASK_METRICS = (*TASK_LENGTH_METRICS, "exact_seen", "exact_unseen", "tf_disagree")
 AUDIT_METRICS = (
     *AUDIT_HEAD_METRICS,
     "bias_jump",
@@ -87,6 +92,7 @@ FAMILY_OF = {
         (NEEDLE, NEEDLE_METRICS),
         (SHIFT, SHIFT_METRICS),
         (AUDIT, AUDIT_METRICS),
+        (TASK, TASK_METRICS),
     )
     for metric in metrics
 }
@@ -119,7 +125,7 @@ class MetricKey:
 
     @property
     def family(self) -> str:
-        """ppl, needle, shift or audit: which evaluator measures the metric."""
+        """ppl, needle, shift, audit or task: which evaluator measures the metric."""
         return FAMILY_OF[self.metric]
 
 
@@ -164,6 +170,8 @@ def _fields_of(key: MetricKey) -> tuple[set[str], set[str]]:
         if key.metric == AUDIT_PULL:
             return {"length"}, {"length", "head"}
         return {"length"}, {"length", "layer", "head"} if key.layer is not None else {"length"}
+    if key.family == TASK:
+        return ({"length"}, {"length"}) if key.metric in TASK_LENGTH_METRICS else (set(), set())
     if key.metric == "digit_acc":
         return {"digit"}, {"length", "digit"}
     return set(), {"length", "depth"} if key.metric in NEEDLE_CELL_METRICS else {"length"}
@@ -176,6 +184,8 @@ def format_key(key: MetricKey) -> str:
         body = f"{key.metric}{variant}/{key.length}"
     elif key.family == SHIFT:
         body = f"shift{variant}/{key.shift}{key.k}/{key.metric}"
+    elif key.family == TASK:
+        body = f"task{variant}/{key.metric}" + (f"@{key.length}" if key.length is not None else "")
     elif key.family == AUDIT:
         body = f"audit{variant}/{key.metric}"
         body += f"@{key.length}" if key.length is not None else ""
@@ -198,6 +208,7 @@ GRAMMAR = (  # one pattern per family; the fields are checked by MetricKey
         r"(?:/depth(?P<depth>[0-9.e+-]+)|/d(?P<digit>\d+))?"
     ),
     re.compile(rf"{_CORPUS}shift{_VARIANT}/(?P<shift>{'|'.join(SHIFT_KINDS)})(?P<k>\d+)/(?P<metric>\w+)"),
+    re.compile(rf"{_CORPUS}task{_VARIANT}/(?P<metric>[a-z_]+)(?:@(?P<length>\d+))?"),
     re.compile(
         rf"{_CORPUS}audit{_VARIANT}/(?P<metric>[a-z_]+)(?:@(?P<length>\d+))?"
         r"(?:/layer(?P<layer>\d+))?(?:/head(?P<head>\d+))?"

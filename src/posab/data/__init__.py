@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from posab.data.bpe import TOKENIZER_FILE, BPETokenizer
-from posab.data.config import DataConfig, SyntheticConfig
+from posab.data.config import DataConfig, SyntheticConfig, TaskConfig
 from posab.data.corpora import corpus_identity, load_documents, load_eval_documents
 from posab.data.streams import (
     Batch,
@@ -22,6 +22,8 @@ from posab.data.streams import (
     fill_cache,
     load_cached,
 )
+from posab.data.tasks import TaskStream, TaskTokenizer, task_named
+from posab.data.tasks.stream import TRAIN_INDICES
 from posab.data.tokenizer import ByteTokenizer, Tokenizer
 from posab.errors import ConfigError
 from posab.io import publish_directory
@@ -58,8 +60,11 @@ def prepare_data(cfg: DataConfig) -> CorpusData:
     """Tokenize the corpus once and memory-map it from the cache afterwards.
 
     With `data.tokenizer=bpe` a BPE is trained on the training split first; it is saved in the cache
-    folder with the streams it encoded, and loaded from there.
+    folder with the streams it encoded, and loaded from there. A task (`data.source=task`) has nothing to
+    tokenize: its splits generate their examples (`task_data`).
     """
+    if cfg.source == "task":
+        return task_data(cfg.task)
     identity = corpus_identity(cfg)
     folder = token_cache_folder(cfg, identity)
     streams = load_cached(folder)
@@ -73,6 +78,18 @@ def prepare_data(cfg: DataConfig) -> CorpusData:
     return CorpusData(tokenizer=load_tokenizer(cfg, folder), streams=streams, cache_dir=folder)
 
 
+def task_data(cfg: TaskConfig) -> CorpusData:
+    """A task's three splits (`posab.data.tasks.stream`) and its tokenizer; `cache_dir` only names it."""
+    task = task_named(cfg.name)
+    train, test = tuple(cfg.train_lengths), tuple(cfg.test_lengths)
+    streams = {
+        "train": TaskStream(task, "train", train, cfg.seed, TRAIN_INDICES),
+        "valid": TaskStream(task, "valid", train, cfg.seed, cfg.valid_examples),
+        "test": TaskStream(task, "test", test, cfg.seed, TRAIN_INDICES, train_lengths=train),
+    }
+    return CorpusData(TaskTokenizer(), streams, Path(f"task-{cfg.name}"))  # type: ignore[arg-type]
+
+
 def token_cache_folder(cfg: DataConfig, identity: dict[str, Any] | None = None) -> Path:
     """Where `prepare_data` caches the corpus's token streams (and a BPE tokenizer with them)."""
     identity = corpus_identity(cfg) if identity is None else identity
@@ -82,6 +99,8 @@ def token_cache_folder(cfg: DataConfig, identity: dict[str, Any] | None = None) 
 def run_tokenizer(cfg: DataConfig) -> Tokenizer:
     """A run's tokenizer without loading its corpus where it can: the byte tokenizer, or the BPE saved with
     the cached streams; `prepare_data` (tokenizing the corpus) only when that cache is gone."""
+    if cfg.source == "task":
+        return TaskTokenizer()
     if cfg.tokenizer == "bytes":
         return ByteTokenizer(anchors=cfg.anchors)
     folder = token_cache_folder(cfg)
@@ -184,8 +203,7 @@ class TrainSampler:
 
     def next_batch(self) -> Batch:
         mixed = int(self.rng.binomial(self.batch_size, self.mix.rate)) if self.mix else 0
-        high = len(self.stream) - self.seq_len - 1
-        starts = self.rng.integers(0, high + 1, size=self.batch_size - mixed)
+        starts = self.stream.random_starts(self.rng, self.batch_size - mixed, self.seq_len)
         batch = self.stream.batch(starts, self.seq_len)
         if self.mix and mixed:
             batch = batch.cat(self.mix.batch(mixed, self.seq_len, self.rng))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from posab.data.tasks import task_named
 from posab.errors import require
 
-SOURCES = ("synthetic", "text", "hub")
+SOURCES = ("synthetic", "text", "hub", "task")
 TOKENIZERS = ("bytes", "bpe")
 
 
@@ -17,6 +18,40 @@ class SyntheticConfig:
     train_docs: int = 400
     valid_docs: int = 40
     test_docs: int = 40
+
+
+@dataclass
+class TaskConfig:
+    """`data.task` (`data=task task=NAME`, conf/task/): an algorithmic task whose examples are generated
+    on the fly (`posab.data.tasks`); lengths are instance lengths (the task's own unit: symbols, digits,
+    operands), each drawn uniformly from its split's inclusive range."""
+
+    name: str = "copy"
+    train_lengths: list[int] = field(default_factory=lambda: [1, 20])  # [low, high], inclusive
+    test_lengths: list[int] = field(default_factory=lambda: [1, 40])  # scored by `eval.task`
+    seq_len: int = 42  # the longest training sequence in tokens (train.seq_len): checked against the task
+    valid_examples: int = 256  # the validation loss's fixed examples (train lengths, their own seed)
+    seed: int = 0  # the examples' generator; the run's `seed` draws which training examples it sees
+
+    def validate(self) -> None:
+        for name in ("train_lengths", "test_lengths"):
+            low_high = getattr(self, name)
+            require(
+                len(low_high) == 2 and 1 <= low_high[0] <= low_high[1],
+                f"data.task.{name}={low_high}: give [low, high] with 1 <= low <= high",
+            )
+        require(self.valid_examples > 0, f"data.task.valid_examples={self.valid_examples} must be positive")
+        longest = task_named(self.name).tokens(self.train_lengths[1]) - 1
+        require(
+            self.seq_len == longest,
+            f"data.task.seq_len={self.seq_len}: task {self.name}'s longest training example at instance "
+            f"length {self.train_lengths[1]} has {longest} inputs; use {longest}",
+        )
+
+    @property
+    def test_positions(self) -> int:
+        """Positions a test example needs: its tokens (the model reads every one but the EOS it writes)."""
+        return task_named(self.name).tokens(self.test_lengths[1])
 
 
 @dataclass
@@ -34,6 +69,7 @@ class DataConfig:
     cache_dir: str = ".cache/posab"
     progress: bool = True  # tqdm bars (rank 0 only) while hashing corpus files and tokenizing
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)  # source task only
 
     def validate(self) -> None:
         """Check values that types alone cannot, before any work is done."""
@@ -48,3 +84,9 @@ class DataConfig:
             "tokens, and within 16-bit token ids",
         )
         require(0 <= self.needle_rate <= 1, f"data.needle_rate={self.needle_rate} must be in [0, 1]")
+        if self.source == "task":
+            require(
+                self.needle_rate == 0,
+                f"data.needle_rate={self.needle_rate} with data.source=task: passkeys are text; use 0",
+            )
+            self.task.validate()

@@ -28,44 +28,65 @@ FIELDS = ("tokens", "sentence", "paragraph")
 @dataclass
 class Batch:
     """inputs, targets, sentence, paragraph: (B, T) int64 tensors; key_mask: (B, T) bool, True at the
-    targets that are a passkey's digits (passkey examples), or None when no row is one."""
+    targets that are a passkey's digits (passkey examples), or None when no row is one; loss_mask: (B, T)
+    bool, True at the targets the loss scores (a task's answer tokens: `posab.data.tasks`), or None when
+    it scores every target (text)."""
 
     inputs: Tensor
     targets: Tensor
     sentence: Tensor
     paragraph: Tensor
     key_mask: Tensor | None = None
+    loss_mask: Tensor | None = None
 
-    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """The five tensors, the key mask made explicit (all False when there is none)."""
-        mask = self.key_mask
-        if mask is None:
-            mask = torch.zeros_like(self.targets, dtype=torch.bool)
-        return self.inputs, self.targets, self.sentence, self.paragraph, mask
+    def masks(self) -> tuple[Tensor, Tensor]:
+        """The key and loss masks made explicit: (no key, every target scored) where they are None."""
+        keys = (
+            self.key_mask if self.key_mask is not None else torch.zeros_like(self.targets, dtype=torch.bool)
+        )
+        scored = (
+            self.loss_mask if self.loss_mask is not None else torch.ones_like(self.targets, dtype=torch.bool)
+        )
+        return keys, scored
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The six tensors, the masks made explicit (`masks`)."""
+        return self.inputs, self.targets, self.sentence, self.paragraph, *self.masks()
+
+    def with_tensors(self, tensors: list[Tensor], like: list[Batch]) -> Batch:
+        """A batch of these six tensors, keeping a mask only where one of `like` had it."""
+        has_keys = any(b.key_mask is not None for b in like)
+        has_loss = any(b.loss_mask is not None for b in like)
+        return Batch(
+            *tensors[:4],
+            key_mask=tensors[4] if has_keys else None,
+            loss_mask=tensors[5] if has_loss else None,
+        )
 
     def to(self, device: torch.device | str) -> Batch:
-        mask = None if self.key_mask is None else self.key_mask.to(device, non_blocking=True)
-        fields = (self.inputs, self.targets, self.sentence, self.paragraph)
-        return Batch(*(t.to(device, non_blocking=True) for t in fields), key_mask=mask)
+        moved = [t.to(device, non_blocking=True) for t in self.tensors()]
+        return self.with_tensors(moved, [self])
 
     def cat(self, other: Batch) -> Batch:
         """Rows of both batches: (B1 + B2, T)."""
-        mine, theirs = self.tensors(), other.tensors()
-        joined = [torch.cat([a, b]) for a, b in zip(mine, theirs, strict=True)]
-        has_keys = self.key_mask is not None or other.key_mask is not None
-        return Batch(*joined[:4], key_mask=joined[4] if has_keys else None)
+        joined = [torch.cat([a, b]) for a, b in zip(self.tensors(), other.tensors(), strict=True)]
+        return self.with_tensors(joined, [self, other])
 
     def rows(self, rank: int, world_size: int) -> Batch:
         """Shard `rank` of `world_size` equal shards of the rows (the whole batch for one process)."""
         if world_size == 1:
             return self
         size = self.inputs.shape[0] // world_size
-        shard = [t[rank * size : (rank + 1) * size] for t in self.tensors()]
-        return Batch(*shard[:4], key_mask=shard[4] if self.key_mask is not None else None)
+        return self.with_tensors([t[rank * size : (rank + 1) * size] for t in self.tensors()], [self])
 
     @property
     def num_tokens(self) -> int:
         return self.targets.numel()
+
+    @property
+    def scored_tokens(self) -> int:
+        """The targets the loss scores: every one, or those of `loss_mask`."""
+        return self.num_tokens if self.loss_mask is None else int(self.loss_mask.sum())
 
 
 class TokenStream:
@@ -85,6 +106,10 @@ class TokenStream:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def random_starts(self, rng: np.random.Generator, count: int, length: int) -> np.ndarray:
+        """`count` window starts of `length` inputs drawn uniformly (the training sampler's draw)."""
+        return rng.integers(0, len(self) - length, size=count)
 
     def windows_available(self, length: int) -> int:
         """How many non-overlapping windows of `length` inputs (plus one target) fit."""

@@ -5,11 +5,13 @@ encoding with parameters, the multiplier of its own group's learning rate, picke
 
 Reads the runs as `scripts/report.py` does. Each finished run is one point (encoding, `train.lr`,
 `encoding.lr_mult`) scored by its final validation loss (`val_loss`: `train.val_windows` fixed windows of
-the valid split, the same for every run). Per encoding: the lr with the lowest loss among the runs at
-lr_mult 1, then the lr_mult with the lowest loss among the runs at that lr. A pick at the edge of the grid
-searched is flagged: the best rate may lie beyond it. Writes tuning.md (every point, the picks), picks.csv
-and tuning.png (loss against lr per encoding); the picks are printed as the Hydra grid lines of a study
-that runs each encoding at them.
+the valid split, the same for every run). A task suite's runs (`data.task.name`) make one point per
+(encoding, lr, lr_mult): the mean of the losses (on answer tokens of the valid split's fixed examples) over
+the tasks the encoding was tuned on. Per encoding: the lr with the lowest loss among the runs at lr_mult 1,
+then the lr_mult with the lowest loss among the runs at that lr. A pick at the edge of the grid searched is
+flagged: the best rate may lie beyond it. Writes tuning.md (every point, the picks), picks.csv and
+tuning.png (loss against lr per encoding); the picks are printed as the Hydra grid lines of a study that
+runs each encoding at them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
 from posab.report.styles import encoding_colours, legend_right
 
-LR, MULT, SCORE = "train.lr", "encoding.lr_mult", "val_loss"
+LR, MULT, SCORE, TASK = "train.lr", "encoding.lr_mult", "val_loss", "data.task.name"
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,12 @@ class Pick:
 
 
 def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
-    """One line per finished run: encoding, lr, lr_mult (1 when the run has none), val_loss."""
+    """One line per point (encoding, lr, lr_mult (1 when the run has none)): its val_loss, the mean over
+    the tasks (`data.task.name`) the encoding was tuned on when the runs are a task suite's (`over_tasks`)."""
     lines = [
         {
             "encoding": r.encoding,
+            "task": r.config.get(TASK),
             "lr": float(r.config[LR]),
             "lr_mult": float(r.config.get(MULT, 1.0)),
             "val_loss": r.metrics.get(SCORE, math.nan),
@@ -56,7 +60,20 @@ def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
     ]
     if not lines:
         raise ReportError(f"no finished runs with `{LR}` in their config")
-    return pd.DataFrame(lines)
+    return over_tasks(pd.DataFrame(lines))
+
+
+def over_tasks(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each (encoding, lr, lr_mult) once, its val_loss the mean over the encoding's tasks (NaN, so never
+    picked, where a task's run is missing); the frame as it is when no run is a task's."""
+    if frame["task"].isna().all():
+        return frame.drop(columns="task")
+    tasks = frame.groupby("encoding")["task"].transform("nunique")
+    frame = frame.assign(tasks=tasks)
+    grouped = frame.groupby(["encoding", "lr", "lr_mult"], sort=False)
+    merged = grouped.agg(val_loss=("val_loss", "mean"), found=("task", "nunique"), tasks=("tasks", "first"))
+    merged.loc[merged["found"] < merged["tasks"], "val_loss"] = math.nan
+    return merged.reset_index().drop(columns=["found", "tasks"])
 
 
 def picks(frame: pd.DataFrame) -> list[Pick]:

@@ -29,7 +29,7 @@ from posab.build import build_model
 from posab.config import Config, load_config
 from posab.data import run_tokenizer
 from posab.data.tokenizer import EOS, Tokenizer
-from posab.decoding import StructureTracker, generate
+from posab.decoding import generate, structure_tracker
 from posab.device import autocast, autocast_dtype, resolve_device
 from posab.errors import ConfigError, require
 from posab.model import DecoderLM
@@ -96,7 +96,7 @@ def continuation(run: Generator, prompt: list[int], args: argparse.Namespace) ->
             temperature=args.temperature,
             top_k=args.top_k,
             generator=generator,
-            structure=[StructureTracker.for_tokenizer(run.tokenizer)],
+            structure=[structure_tracker(run.tokenizer)],
         )
     return ids[0].tolist()
 

@@ -4,7 +4,8 @@ Perplexity, tail and capped perplexity and needle accuracy and gain at each eval
 figures at each k; wall time, the run directory and the next commands. It reads results.json's scalars
 only (no torch), so it prints the same table for a run and for its re-evaluation. A run without the
 passkey stage shows no needle rows, only how to get them: a model trained on text alone sits at the
-floor of the retrieval test (results.json keeps its numbers).
+floor of the retrieval test (results.json keeps its numbers). A task run (`data=task`) shows its exact match
+at seen and unseen lengths and at each instance length instead.
 """
 
 from __future__ import annotations
@@ -74,6 +75,23 @@ def shift_table(scalars: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def task_lines(scalars: Mapping[str, Any]) -> list[str]:
+    """A task run's exact match: seen and unseen lengths, then per instance length."""
+    lengths = key_lengths(scalars, "exact")
+    if not lengths:
+        return []
+    summary = [
+        f"{label} {cell(scalars.get(metric_key(name)), '.3f')}"
+        for label, name in (("seen lengths", "exact_seen"), ("unseen lengths", "exact_unseen"))
+    ]
+    rows = [lengths[i : i + 10] for i in range(0, len(lengths), 10)]  # ten instance lengths a line
+    per_length = [
+        f"  n={row[0]}..{row[-1]}: " + " ".join(cell(scalars[metric_key("exact", n)], ".2f") for n in row)
+        for row in rows
+    ]
+    return ["task exact match: " + ", ".join(summary), *per_length]
+
+
 def next_commands(run_dir: Path) -> list[str]:
     commands = [f"posab report {run_dir} --out results/NAME   # tables and plots"]
     commands += [f"wandb sync {path}" for path in sorted(run_dir.glob("wandb/offline-run-*"))]
@@ -93,8 +111,9 @@ def summary_text(results: Mapping[str, Any], run_dir: Path) -> str:
                 f"{label} {format(float(results[key]), fmt)}" + (" s" if key == "wall_time_s" else "")
             )
     staged = "status" not in results or bool(results.get("passkey_stage"))  # a re-evaluation: as it was
-    lines = ["", "posab: " + (", ".join(head) or "evaluation"), *length_table(scalars, staged)]
-    lines += [] if staged else [NEEDLE_HINT]
+    task = task_lines(scalars)  # a task run: its accuracy, and no text rows or hint
+    lines = ["", "posab: " + (", ".join(head) or "evaluation"), *task, *length_table(scalars, staged)]
+    lines += [] if staged or task else [NEEDLE_HINT]
     shift = shift_table(scalars)
     if shift:
         lines += ["shift (inputs within the training length):", *shift]

@@ -114,6 +114,8 @@ def corpus_name(cfg: Config) -> str:
     d = cfg.data
     if d.source == "text":
         return Path(d.path or "text").name
+    if d.source == "task":
+        return f"task-{d.task.name}"
     if d.source == "hub":
         return d.hub_subset or d.hub_dataset or "hub"
     return "synthetic"

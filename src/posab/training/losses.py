@@ -22,9 +22,15 @@ def token_losses(model: nn.Module, batch: Batch) -> torch.Tensor:
     return losses.view_as(batch.targets)  # (B*T,) -> (B, T)
 
 
+def scored_loss(losses: torch.Tensor, batch: Batch, reduction: str = "mean") -> torch.Tensor:
+    """The mean (or sum) of the token losses (B, T) over the targets the batch scores (`Batch.loss_mask`:
+    a task's answers; every target of text)."""
+    scored = losses if batch.loss_mask is None else losses[batch.loss_mask]  # (B, T) or (scored,)
+    return scored.mean() if reduction == "mean" else scored.sum()
+
+
 def lm_loss(model: nn.Module, batch: Batch, reduction: str = "mean") -> torch.Tensor:
-    losses = token_losses(model, batch)  # (B, T)
-    return losses.mean() if reduction == "mean" else losses.sum()
+    return scored_loss(token_losses(model, batch), batch, reduction)
 
 
 def batches(stream: TokenStream, starts: np.ndarray, length: int, batch_size: int) -> Iterator[Batch]:
@@ -52,7 +58,7 @@ def validation_loss(
         for batch in batches(stream, starts[w.rank :: w.size], length, batch_size):
             batch = batch.to(device)
             total += float(lm_loss(model, batch, reduction="sum"))
-            count += batch.num_tokens
+            count += batch.scored_tokens
     model.train(was_training)
     total, count = sum_across_ranks(total, count)
     return total / count

@@ -24,7 +24,7 @@ from posab.encodings import EncodingOptimizer
 from posab.errors import TrainingError, require, require_positive
 from posab.logging import Logger
 from posab.training.loop import Cadence, LoopState, run_steps, warmup_cosine
-from posab.training.losses import token_losses, validation_loss
+from posab.training.losses import scored_loss, token_losses, validation_loss
 from posab.training.optim import build_optimizer, optimizer_step
 from posab.training.state import load_optimizer_state, optimizer_state, rng_states, set_rng_states
 
@@ -185,7 +185,7 @@ class Trainer:
             batch = self.sampler.next_batch().to(self.device)
             with autocast(self.device, self.dtype):
                 losses = token_losses(self.parallel, batch)  # (B, T)
-                loss = losses.mean() / self.cfg.grad_accum
+                loss = scored_loss(losses, batch) / self.cfg.grad_accum
             loss.backward()
             total += float(loss.detach())
             if self.meter:

@@ -1,0 +1,34 @@
+"""One task example: its instance length, prompt and answer, and the ids the model reads and writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from posab.data.tasks.vocab import BOS, EOS, SEP, symbol_id
+
+
+@dataclass(frozen=True)
+class TaskExample:
+    """One example: its instance length, the prompt and answer in symbols, and its ids BOS prompt SEP
+    answer EOS (`tokens`, (N,) int64)."""
+
+    length: int
+    prompt: str
+    answer: str
+
+    @property
+    def tokens(self) -> np.ndarray:
+        ids = [BOS, *map(symbol_id, self.prompt), SEP, *map(symbol_id, self.answer), EOS]
+        return np.asarray(ids, dtype=np.int64)
+
+    @property
+    def prompt_tokens(self) -> np.ndarray:
+        """BOS prompt SEP: what decoding starts from."""
+        return self.tokens[: len(self.prompt) + 2]
+
+    @property
+    def answer_tokens(self) -> np.ndarray:
+        """answer EOS: what decoding must write."""
+        return self.tokens[len(self.prompt) + 2 :]

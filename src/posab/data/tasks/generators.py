@@ -1,0 +1,126 @@
+"""The algorithmic tasks, after the NoPE study (Kazemnejad et al., NeurIPS 2023, arXiv 2305.19466, §3 and
+Appendix; reference `McGill-NLP/length-generalization`, `scripts/dataset_builders/make_*_dataset.py` and
+`src/data/data_instance_processor/`): each turns (a random generator, an instance length n) into a prompt
+and an answer written in the task symbols (`posab.data.tasks.vocab`). The examples posab builds from them
+are BOS prompt SEP answer EOS, the loss on the answer and EOS only, decoded greedily and scored by exact
+match, as the reference does.
+
+- copy: n tokens uniform with repeats -> the same (`k3k` -> `k3k`). Reference split `cmc_tr20_ts40`: 100
+  tokens; here the 36 of `POOL` (digits, then letters).
+- reverse: as copy, reversed (`k3a` -> `a3k`). Reference `mc_tr20_ts40`.
+- sort: n items of `POOL` with repeats -> sorted in `POOL` order (`k3a` -> `3ak`). Reference
+  `len_sngd_tr8_ts16`: 50 single-token items, sorted by vocabulary index.
+- addition: n is the digit count of the longer operand (`507+42` -> `549`). Reference `len_tr8_ts16`: digit
+  counts (d_a, d_b) in {1..8}^2, n = max(d_a, d_b); here one operand has n digits, the other U(1, n).
+- parity: n bits -> `0` when the count of 1s is even, `1` when odd (`011` -> `0`). Reference `len_tr8_ts16`,
+  answering "Yes" when even.
+- summation: n operands, digits 1-9 -> their sum mod 10 (`3+3+1` -> `7`). Reference `tr8_ts16`, as here.
+
+Where posab differs, and why: one id per symbol and no words around the data (the reference writes "Copy:
+a b c", "Compute 5 3 + 1 2 ?", "The answer is 6 5 ." in T5's SentencePiece), so the sequence holds the task
+and nothing else at a model ~100x smaller; 36 copy symbols rather than 100 (one small vocabulary for every
+task); parity answers a digit rather than Yes/No. Numbers are written most significant digit first, as
+the reference's `str(number)`. An operand of d digits is uniform on [10^(d-1), 10^d) (0-9 for one digit),
+as the reference draws it; carries are neither forced nor balanced. Lengths: the issue's, from the
+reference's splits: train U(1, 20), test 1 .. 40 for copy and reverse; train U(1, 8), test 1 .. 16 for
+the others (`conf/task/*.yaml`); the reference's shortest training lengths were 2 (copy) and 4 (its
+builders' default) where its logs do not say.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from posab.data.tasks.example import TaskExample
+from posab.errors import ConfigError
+
+POOL = string.digits + string.ascii_lowercase  # copy, reverse and sort: 36 symbols, sorted in this order
+Generator = Callable[[np.random.Generator, int], tuple[str, str]]
+
+
+def draw_tokens(rng: np.random.Generator, n: int) -> str:
+    """n symbols of `POOL`, uniform with repeats."""
+    return "".join(POOL[i] for i in rng.integers(0, len(POOL), size=n))
+
+
+def copy(rng: np.random.Generator, n: int) -> tuple[str, str]:
+    tokens = draw_tokens(rng, n)
+    return tokens, tokens
+
+
+def reverse(rng: np.random.Generator, n: int) -> tuple[str, str]:
+    tokens = draw_tokens(rng, n)
+    return tokens, tokens[::-1]
+
+
+def sort(rng: np.random.Generator, n: int) -> tuple[str, str]:
+    tokens = draw_tokens(rng, n)
+    return tokens, "".join(sorted(tokens, key=POOL.index))
+
+
+def operand(rng: np.random.Generator, digits: int) -> int:
+    """Uniform on [10^(d-1), 10^d), 0-9 for one digit; exact for any d (Python integers)."""
+    low = 0 if digits == 1 else 10 ** (digits - 1)
+    return low + int(rng.integers(0, 10**digits - low)) if digits <= 18 else big_operand(rng, digits)
+
+
+def big_operand(rng: np.random.Generator, digits: int) -> int:
+    """An operand of more than 18 digits: a leading digit 1-9, then uniform digits."""
+    rest = rng.integers(0, 10, size=digits - 1)
+    return int(str(int(rng.integers(1, 10))) + "".join(map(str, rest)))
+
+
+def addition(rng: np.random.Generator, n: int) -> tuple[str, str]:
+    other = int(rng.integers(1, n + 1))
+    first, second = (n, other) if rng.integers(0, 2) == 0 else (other, n)
+    a, b = operand(rng, first), operand(rng, second)
+    return f"{a}+{b}", str(a + b)
+
+
+def parity(rng: np.random.Generator, n: int) -> tuple[str, str]:
+    bits = rng.integers(0, 2, size=n)
+    return "".join(map(str, bits)), str(int(bits.sum()) % 2)
+
+
+def summation(rng: np.random.Generator, n: int) -> tuple[str, str]:
+    values = rng.integers(1, 10, size=n)
+    return "+".join(map(str, values)), str(int(values.sum()) % 10)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task: its generator and the most tokens (BOS prompt SEP answer EOS) an instance of length n has."""
+
+    name: str
+    generate: Generator
+    most_tokens: Callable[[int], int]
+
+    def example(self, rng: np.random.Generator, n: int) -> TaskExample:
+        prompt, answer = self.generate(rng, n)
+        return TaskExample(n, prompt, answer)
+
+    def tokens(self, n: int) -> int:
+        return self.most_tokens(n)
+
+
+TASKS = {
+    task.name: task
+    for task in (
+        Task("copy", copy, lambda n: 2 * n + 3),
+        Task("reverse", reverse, lambda n: 2 * n + 3),
+        Task("sort", sort, lambda n: 2 * n + 3),
+        Task("addition", addition, lambda n: 3 * n + 5),  # n + 1 + n digits, a carry: n + 1
+        Task("parity", parity, lambda n: n + 4),
+        Task("summation", summation, lambda n: 2 * n + 3),  # n digits, n - 1 '+', one digit
+    )
+}
+
+
+def task_named(name: str) -> Task:
+    if name not in TASKS:
+        raise ConfigError(f"data.task.name={name!r}: use one of {', '.join(TASKS)}")
+    return TASKS[name]

@@ -1,0 +1,113 @@
+"""A task's examples as a stream the training loop reads like text's (`TokenStream`): `batch(indices,
+length)` pads examples to `length`, scoring only the answer and its EOS (`Batch.loss_mask`), and every
+example is a pure function of (task seed, split, index), so training draws indices, validation fixes them
+and nothing is stored.
+
+Splits: `train` draws each example's instance length uniformly from `data.task.train_lengths`; `valid`
+is `data.task.valid_examples` fixed examples from the same range (the validation loss); `test` gives
+`examples_at(n, count)` for every instance length n of `data.task.test_lengths` (the task evaluator).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from posab.data.streams import Batch
+from posab.data.tasks.example import TaskExample
+from posab.data.tasks.generators import Task
+from posab.data.tasks.vocab import PAD, structure
+from posab.errors import ConfigError
+
+SPLIT_IDS = {"train": 0, "valid": 1, "test": 2}
+TRAIN_INDICES = 2**48  # examples the train split can draw: fresh examples throughout training
+
+
+class TaskStream:
+    """One split of a task (module docstring)."""
+
+    def __init__(
+        self,
+        task: Task,
+        split: str,
+        lengths: tuple[int, int],
+        seed: int,
+        count: int,
+        train_lengths: tuple[int, int] | None = None,
+    ) -> None:
+        """`lengths`: the split's inclusive range of instance lengths; `count`: how many examples it
+        holds (indices 0 .. count - 1); `train_lengths`: the training split's range (default `lengths`),
+        which tells seen lengths from unseen ones."""
+        self.task, self.split, self.lengths, self.seed, self.count = task, split, lengths, seed, count
+        self.train_lengths = lengths if train_lengths is None else train_lengths
+        self.document = None  # no documents: every example stands alone
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def longest(self) -> int:
+        """The model inputs of the split's longest example: its tokens less the last (EOS is no input)."""
+        return self.task.tokens(self.lengths[1]) - 1
+
+    def windows_available(self, length: int) -> int:
+        """Examples that fit `length` inputs: every one when the longest does, else none."""
+        return self.count if length >= self.longest else 0
+
+    def fixed_windows(self, length: int, count: int) -> np.ndarray:
+        """The first `count` examples (validation's fixed set); a ConfigError when `length` inputs cannot
+        hold the split's longest example."""
+        if length < self.longest:
+            low, high = self.lengths
+            raise ConfigError(
+                f"train.seq_len={length} cannot hold task {self.task.name}'s longest {self.split} example "
+                f"(instance length {high} of [{low}, {high}]: {self.longest} inputs); use "
+                f"train.seq_len={self.longest}, as data.task.seq_len should say"
+            )
+        return np.arange(min(count, self.count))
+
+    def random_starts(self, rng: np.random.Generator, count: int, length: int) -> np.ndarray:
+        """`count` example indices drawn uniformly (the training sampler's draw)."""
+        return rng.integers(0, self.count, size=count)
+
+    def example(self, index: int) -> TaskExample:
+        """Example `index` of the split: its instance length uniform over the split's range."""
+        rng = np.random.default_rng((self.seed, SPLIT_IDS[self.split], int(index)))
+        length = int(rng.integers(self.lengths[0], self.lengths[1] + 1))
+        return self.task.example(rng, length)
+
+    def examples_at(self, length: int, count: int) -> list[TaskExample]:
+        """`count` examples of instance length `length` (the evaluator's, per length)."""
+        rngs = (np.random.default_rng((self.seed, SPLIT_IDS[self.split], length, i)) for i in range(count))
+        return [self.task.example(rng, length) for rng in rngs]
+
+    def batch(self, starts: np.ndarray | list[int], length: int) -> Batch:
+        """Examples `starts` padded to `length` inputs (module docstring)."""
+        return example_batch([self.example(int(i)) for i in starts], length)
+
+
+def example_batch(examples: list[TaskExample], length: int) -> Batch:
+    """Examples as one batch of `length` inputs: inputs = tokens[:-1], targets = tokens[1:], PAD after
+    EOS; the loss scores the targets from the answer's first symbol to EOS; structure by the task rule."""
+    rows = len(examples)
+    tokens = np.full((rows, length + 1), PAD, dtype=np.int64)  # (B, T + 1)
+    scored = np.zeros((rows, length), dtype=bool)  # (B, T)
+    sentence = np.zeros((rows, length), dtype=np.int64)  # (B, T)
+    paragraph = np.zeros((rows, length), dtype=np.int64)  # (B, T)
+    for row, example in enumerate(examples):
+        ids = example.tokens
+        if len(ids) - 1 > length:
+            raise ConfigError(f"a task example of {len(ids) - 1} inputs does not fit {length}")
+        tokens[row, : len(ids)] = ids
+        scored[row, len(example.prompt_tokens) - 1 : len(ids) - 1] = True
+        s, p = structure(ids[:-1])
+        sentence[row], paragraph[row] = s[-1], p[-1]  # the padding keeps the last input's indices
+        sentence[row, : len(s)], paragraph[row, : len(p)] = s, p
+    as_tensor = torch.from_numpy
+    return Batch(
+        inputs=as_tensor(tokens[:, :-1].copy()),
+        targets=as_tensor(tokens[:, 1:].copy()),
+        sentence=as_tensor(sentence),
+        paragraph=as_tensor(paragraph),
+        loss_mask=as_tensor(scored),
+    )

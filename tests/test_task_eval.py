@@ -1,0 +1,191 @@
+"""The task evaluator (`eval.task`, posab.evaluate.task): cached greedy decoding equals step-by-step
+full-forward decoding on task prompts for every encoding; exact match reads known outputs (a model that
+memorised its examples scores 1, one that does not stop scores 0); the greedy and teacher-forced verdicts
+agree; the run writes the table, figure and keys; a run of every kind of task through train.py's path."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ENCODINGS, run_main, typed_config
+from posab.build import build_model
+from posab.data import prepare_data
+from posab.data.streams import Batch
+from posab.data.tasks import TaskStream, TaskTokenizer, TaskTracker, example_batch
+from posab.decoding import generate, step_by_step_full
+from posab.errors import ConfigError
+from posab.evaluate import EvalContext, run_evaluator
+from posab.evaluate.task import TaskAccuracy
+from posab.keys import format_key, parse_key
+from posab.model import DecoderLM
+from posab.run.summary import summary_text
+from posab.training.losses import scored_loss, token_losses
+
+CPU = torch.device("cpu")
+
+
+def task_config(name: str, encoding: str = "nope", *overrides: str):
+    return typed_config(["+experiment=tiny", "data=task", f"task={name}", f"encoding={encoding}", *overrides])
+
+
+def task_model(name: str, encoding: str = "nope", *overrides: str, scale: float = 0.0) -> DecoderLM:
+    """A tiny model for a task's vocabulary; `scale` > 0 draws its layers' weights larger, so that its
+    choices depend on the context (as tests/test_decoding.py's `context_model`)."""
+    torch.manual_seed(0)
+    model = build_model(task_config(name, encoding, *overrides), TaskTokenizer.vocab_size).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param_name, weight in model.named_parameters():
+            if (
+                scale
+                and weight.dim() == 2
+                and not param_name.startswith("encoding.")
+                and param_name != "embed.weight"
+            ):
+                weight.normal_(0, scale / weight.shape[1] ** 0.5, generator=generator)
+    return model
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_cached_greedy_decoding_equals_step_by_step_full_decoding_on_task_prompts(encoding: str) -> None:
+    """Prompts of the task format past the training length (copy, n = 30: 32 prompt tokens, 31 written;
+    the tiny preset trains at 128, so also n = 70), with the task's structure tracked token by token."""
+    model = task_model("copy", encoding, scale=4.0)
+    stream = TaskStream(
+        prepare_data(task_config("copy").data).streams["test"].task, "test", (1, 70), 0, 2**48
+    )
+    chosen: set[int] = set()
+    for n in (30, 70):
+        prompt = torch.from_numpy(np.stack([e.prompt_tokens for e in stream.examples_at(n, 2)]))  # (2, n + 2)
+        cached = generate(model, prompt, n + 1, structure=[TaskTracker(), TaskTracker()])
+        full = step_by_step_full(model, prompt, n + 1, structure=[TaskTracker(), TaskTracker()])
+        assert torch.equal(cached, full), (encoding, n)
+        chosen |= set(full.flatten().tolist())
+    assert len(chosen) > 2, "a degenerate reference: the choices ignore the context"
+
+
+def memorise(model: DecoderLM, batch: Batch, steps: int = 300) -> DecoderLM:
+    """Train `model` on `batch` alone until it writes its scored targets (the answers and EOS)."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        scored_loss(token_losses(model, batch), batch).backward()
+        optimizer.step()
+    return model.eval()
+
+
+def context(model: DecoderLM, name: str, *overrides: str) -> EvalContext:
+    cfg = task_config(name, "nope", *overrides)
+    stream = prepare_data(cfg.data).streams["test"]
+    return EvalContext(model, TaskTokenizer(), stream, CPU, None, cfg.train.seq_len, cfg.eval, "nope")
+
+
+EVAL = [
+    "data.task.test_lengths=[1,3]",
+    "data.task.train_lengths=[1,2]",
+    "data.task.seq_len=5",
+    "eval.task.examples=3",
+]
+
+
+def test_exact_match_reads_known_outputs() -> None:
+    """A model that memorised the 9 test examples of parity (n = 1..3, 3 each) writes every answer and its
+    EOS: exact 1 at every length, seen (n <= 2) and unseen (n = 3) alike; the untrained model scores 0."""
+    untrained = task_model("parity")
+    ctx = context(untrained, "parity", *EVAL)
+    examples = [e for n in (1, 2, 3) for e in ctx.valid.examples_at(n, 3)]
+    before = run_evaluator(ctx, "task").scalars
+    assert before["task/exact_seen"] == before["task/exact_unseen"] == 0.0
+    ctx.model = memorise(task_model("parity", "rope"), example_batch(examples, 7))  # tiny NoPE cannot
+    output = run_evaluator(ctx, "task")
+    scalars = output.scalars
+    assert {key: scalars[key] for key in ("task/exact@1", "task/exact@2", "task/exact@3")} == dict.fromkeys(
+        ("task/exact@1", "task/exact@2", "task/exact@3"), 1.0
+    )
+    assert (
+        scalars["task/exact_seen"] == scalars["task/exact_unseen"] == 1.0 and scalars["task/tf_disagree"] == 0
+    )
+    assert output.tables["task_accuracy"].rows == [
+        [1, True, 3, 1.0, 1.0, 0],
+        [2, True, 3, 1.0, 1.0, 0],
+        [3, False, 3, 1.0, 1.0, 0],
+    ]
+    assert all(format_key(parse_key(key)) == key for key in scalars if key.startswith("task/"))
+    assert "task_accuracy" in output.figures
+
+
+def test_a_model_that_does_not_stop_is_wrong() -> None:
+    """Memorised answers followed by '1' instead of EOS: the answer is written, EOS is not, so exact 0 by
+    both verdicts."""
+    ctx = context(task_model("parity"), "parity", *EVAL)
+    examples = [e for n in (1, 2, 3) for e in ctx.valid.examples_at(n, 3)]
+    batch = example_batch(examples, 7)
+    eos = batch.targets == 2  # the EOS targets
+    batch.targets[eos] = TaskTokenizer().encode("1", document=False).tokens[0].item()
+    ctx.model = memorise(task_model("parity", "rope"), batch)
+    scalars = run_evaluator(ctx, "task").scalars
+    assert scalars["task/exact_seen"] == scalars["task/exact_unseen"] == 0.0
+    assert scalars["task/tf_disagree"] == 0
+
+
+def test_greedy_and_teacher_forced_verdicts_agree_on_a_half_learned_model() -> None:
+    """Memorised on a third of the examples for a few steps: some right, some wrong, and each example gets
+    the same verdict from cached greedy decoding and from the teacher-forced argmax (fp32)."""
+    ctx = context(task_model("copy"), "copy", "data.task.test_lengths=[1,6]", "eval.task.examples=6")
+    examples = [e for n in range(1, 7) for e in ctx.valid.examples_at(n, 6)]
+    ctx.model = memorise(task_model("copy"), example_batch(examples[::3], 14), steps=120)
+    output = run_evaluator(ctx, "task")
+    rows = output.tables["task_accuracy"].rows
+    exact = [row[3] for row in rows]
+    assert 0 < np.mean(exact) < 1, f"not a mixed model: {exact}"
+    assert output.scalars["task/tf_disagree"] == 0 and [row[4] for row in rows] == exact
+
+
+def test_the_evaluator_needs_task_data() -> None:
+    cfg = typed_config(["+experiment=tiny"])
+    data = prepare_data(cfg.data)
+    model = build_model(cfg, data.vocab_size)
+    ctx = EvalContext(model, data.tokenizer, data.streams["valid"], CPU, None, 128, cfg.eval, "rope")
+    with pytest.raises(ConfigError, match="data=task task=NAME"):
+        run_evaluator(ctx, "task")
+
+
+def test_report_columns_follow_the_keys() -> None:
+    columns = TaskAccuracy.report_columns(["task/exact_seen", "task/exact_unseen", "task/exact@3"])
+    assert [c.key for c in columns] == ["task/exact_seen", "task/exact_unseen"]
+    assert TaskAccuracy.report_columns(["ppl/512"]) == []
+
+
+@pytest.mark.parametrize("name", ["copy", "addition", "parity"])
+def test_a_task_run_trains_on_answers_and_writes_its_accuracy(name: str, tmp_path: Path) -> None:
+    """train.py's path in process: `data=task task=NAME` at a tiny budget writes results.json with every
+    test length's key, the table and the figure; the validation loss is finite."""
+    overrides = [
+        "data=task",
+        f"task={name}",
+        "model=tiny",
+        "train.steps=6",
+        "train.batch_size=4",
+        "train.warmup_steps=1",
+        "train.val_every=3",
+        "train.checkpoint_every=6",
+        "train.progress=false",
+        "eval.progress=false",
+        "eval.task.examples=2",
+    ]
+    results = run_main(overrides, tmp_path)
+    cfg = typed_config(overrides)
+    low, high = cfg.data.task.test_lengths
+    assert results["status"] == "finished" and math.isfinite(results["val_loss"])
+    assert {f"task/exact@{n}" for n in range(low, high + 1)} <= set(results["eval"])
+    assert {"task/exact_seen", "task/exact_unseen", "task/tf_disagree"} <= set(results["eval"])
+    assert (tmp_path / "task_accuracy.csv").is_file() and (tmp_path / "task_accuracy.png").is_file()
+    assert not any(key.startswith(("ppl/", "needle/", "shift/", "audit/")) for key in results["eval"])
+    summary = summary_text(results, tmp_path)
+    assert "task exact match: seen lengths" in summary and "needle" not in summary
