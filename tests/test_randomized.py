@@ -13,6 +13,7 @@ from torch import Tensor
 
 from conftest import run_main, text_like, tiny_model
 from posab.cache import KVCache
+from posab.decoding import generate, step_by_step_full
 from posab.encodings import Dims, Positions, build_encoding
 from posab.encodings.alibi import alibi_slopes
 from posab.encodings.randomized import Randomized, sorted_sample
@@ -194,16 +195,41 @@ def test_a_sampled_sequence_longer_than_l_max_is_named() -> None:
         enc.positions(Positions.build(33))
 
 
-def test_sampled_evaluation_refuses_cached_decoding_and_contiguous_decodes() -> None:
-    """A cached step's keys outnumber its queries: with sampled evaluation positions that is an error
-    naming the remedy (the shared test checks contiguous decoding against the full forward)."""
+def test_sampled_evaluation_decodes_with_a_cache_only_within_a_plan() -> None:
+    """A cached step's keys outnumber its queries: without a plan of the whole sequence that is an error
+    naming the remedy; within one (`planned_positions`) every pass reads the plan's positions, so cached
+    steps give the full pass's logits under the same plan, and cached greedy decoding (which plans itself)
+    chooses what step-by-step full decoding chooses from the same draws."""
     model = tiny_model("randomized_rope", "encoding.eval_positions=sampled")
     tokens, sentence, paragraph = text_like(12)
-    cache = KVCache()
     with torch.no_grad():
+        cache = KVCache()
         model(tokens[:, :8], sentence[:, :8], paragraph[:, :8], cache=cache)
-        with pytest.raises(ConfigError, match="eval_positions=contiguous to decode"):
+        with pytest.raises(ConfigError, match="only within a plan of the whole sequence"):
             model(tokens[:, 8:], sentence[:, 8:], paragraph[:, 8:], cache=cache)
+        with model.encoding.planned_positions(12):
+            plan = model.encoding._plan.clone()
+            full = model(tokens, sentence, paragraph)
+            cache = KVCache()
+            steps = [model(tokens[:, :8], sentence[:, :8], paragraph[:, :8], cache=cache)]
+            steps += [
+                model(tokens[:, t : t + 1], sentence[:, t : t + 1], paragraph[:, t : t + 1], cache=cache)
+                for t in range(8, 12)
+            ]
+            with model.encoding.planned_positions(10):  # a plan long enough is kept
+                assert torch.equal(model.encoding._plan, plan)
+        assert_close_to_scale(torch.cat(steps, dim=1), full, rel=1e-5)
+        assert model.encoding._plan is None and plan.tolist() == sorted(set(plan.tolist()))
+        assert plan.tolist() != list(range(12))  # a sample of [0, 8 x 128), not the true positions
+        contiguous = tiny_model("randomized_rope")(tokens, sentence, paragraph)
+        assert (contiguous - full).abs().max() > 1e-3 * full.abs().max()  # the plan's positions do act
+
+    def decode(decoder) -> Tensor:
+        model.train()
+        model.eval()  # the evaluation draws restart: both decoders draw the same plan
+        return decoder(model, tokens[:, :8], 6)
+
+    assert torch.equal(decode(generate), decode(step_by_step_full))
 
 
 def test_a_sampled_evaluation_is_reproduced_from_the_checkpoint_and_contiguous_re_scores_it(

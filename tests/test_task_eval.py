@@ -51,18 +51,28 @@ def task_model(name: str, encoding: str = "nope", *overrides: str, scale: float 
     return model
 
 
-@pytest.mark.parametrize("encoding", ENCODINGS)
-def test_cached_greedy_decoding_equals_step_by_step_full_decoding_on_task_prompts(encoding: str) -> None:
+SAMPLED = "encoding.eval_positions=sampled"  # randomized positions as the reference evaluates them
+
+
+@pytest.mark.parametrize(
+    ("encoding", "override"), [(name, None) for name in ENCODINGS] + [("randomized_rope", SAMPLED)]
+)
+def test_cached_greedy_decoding_equals_step_by_step_full_decoding_on_task_prompts(
+    encoding: str, override: str | None
+) -> None:
     """Prompts of the task format past the training length (copy, n = 30: 32 prompt tokens, 31 written;
-    the tiny preset trains at 128, so also n = 70), with the task's structure tracked token by token."""
-    model = task_model("copy", encoding, scale=4.0)
+    the tiny preset trains at 128, so also n = 70), with the task's structure tracked token by token. With
+    sampled positions both decoders draw the same plan (the evaluation draws restart before each)."""
+    model = task_model("copy", encoding, *([override] if override else []), scale=4.0)
     stream = TaskStream(
         prepare_data(task_config("copy").data).streams["test"].task, "test", (1, 70), 0, 2**48
     )
     chosen: set[int] = set()
     for n in (30, 70):
         prompt = torch.from_numpy(np.stack([e.prompt_tokens for e in stream.examples_at(n, 2)]))  # (2, n + 2)
+        model.train().eval()
         cached = generate(model, prompt, n + 1, structure=[TaskTracker(), TaskTracker()])
+        model.train().eval()
         full = step_by_step_full(model, prompt, n + 1, structure=[TaskTracker(), TaskTracker()])
         assert torch.equal(cached, full), (encoding, n)
         chosen |= set(full.flatten().tolist())
@@ -145,6 +155,22 @@ def test_greedy_and_teacher_forced_verdicts_agree_on_a_half_learned_model() -> N
     exact = [row[3] for row in rows]
     assert 0 < np.mean(exact) < 1, f"not a mixed model: {exact}"
     assert output.scalars["task/tf_disagree"] == 0 and [row[4] for row in rows] == exact
+
+
+def test_sampled_positions_score_greedy_and_teacher_forced_at_one_plan() -> None:
+    """Randomized RoPE evaluated `sampled`, memorised on its examples at sampled training positions: each
+    batch's decoding and teacher-forced pass share one plan, so the verdicts agree example by example."""
+    model = task_model("parity", "randomized_rope", SAMPLED)
+    ctx = context(model, "parity", *EVAL)
+    examples = [e for n in (1, 2, 3) for e in ctx.valid.examples_at(n, 3)]
+    ctx.model = memorise(model, example_batch(examples, 7), steps=300)
+    output = run_evaluator(ctx, "task")
+    exact = [row[3] for row in output.tables["task_accuracy"].rows]
+    assert (
+        output.scalars["task/tf_disagree"] == 0
+        and [row[4] for row in output.tables["task_accuracy"].rows] == exact
+    )
+    assert max(exact) > 0  # some right: the verdicts agree on more than failures
 
 
 def test_the_evaluator_needs_task_data() -> None:

@@ -284,3 +284,5 @@ def test_the_tuning_preset_gives_every_encoding_the_same_rates_on_the_same_tasks
     others = {"learned", "kerple", "fire", "multiscale", "hierarchical", "dape_alibi"}
     assert set(by_encoding) == nope_study | frontier | others
     assert all(job.get("encoding.clamp") == "train" for job in jobs if job["encoding"] == "multiscale")
+    randomized = [job for job in jobs if job["encoding"].startswith("randomized_")]
+    assert randomized and all(job.get("encoding.eval_positions") == "sampled" for job in randomized)

@@ -7,7 +7,9 @@
 `generate` prefills the prompt into a `KVCache` in one call (or in blocks of `prefill_block` tokens, to
 bound the memory of a long prompt) and then feeds each chosen token alone: every step attends to every
 cached key through the encoding's form over all the keys, so a step's logits are the full forward's at that
-position (tests/test_cache_equivalence.py). `step_by_step_full` decodes greedily without the cache, a full
+position (tests/test_cache_equivalence.py). Both decoders fix the positions of the whole sequence first
+(`Encoding.planned_positions`): a no-op but for randomized positions evaluated `sampled`, whose one sorted
+sample then serves the prompt and every step. `step_by_step_full` decodes greedily without the cache, a full
 forward pass over the whole sequence per token: the reference of the tests and of `posab bench decoding`.
 
 Choosing a token: greedy (`temperature=0`) takes the argmax (the first of equal maxima); otherwise a token is
@@ -224,7 +226,7 @@ def generate(
     without it no token has indices (every encoding but the hierarchical one). `offset`: the prompt's first
     position. The model runs in eval mode (its mode is restored after)."""
     check_request(prompt, steps, temperature, top_k, offset, prefill_block)
-    with evaluating(model):
+    with evaluating(model), model.encoding.planned_positions(offset + prompt.shape[1] + steps):
         indices = prompt_indices(prompt, structure, sentence, paragraph)
         cache = KVCache()
         logits = prefill(model, cache, prompt, indices, offset, prefill_block)  # (B, V)
@@ -252,7 +254,7 @@ def step_by_step_full(
     """Greedy decoding without a cache, the reference: each step a full forward pass over the prompt and
     every token so far; returns the new ids (B, steps). Arguments as `generate`'s."""
     check_request(prompt, steps, 0.0, None, offset, None)
-    with evaluating(model):
+    with evaluating(model), model.encoding.planned_positions(offset + prompt.shape[1] + steps):
         tokens = prompt
         sentence, paragraph = prompt_indices(prompt, structure, sentence, paragraph)
         for _ in range(steps):

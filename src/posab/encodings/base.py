@@ -138,6 +138,13 @@ class Encoding(nn.Module):
         return {}
 
     @contextmanager
+    def planned_positions(self, total: int) -> Iterator[None]:
+        """Decode a sequence of up to `total` tokens (from position 0) with positions fixed for the whole
+        sequence in advance: what an encoding that draws its positions per pass needs to decode with a cache
+        (randomized positions evaluated `sampled`). Nothing to fix by default."""
+        yield
+
+    @contextmanager
     def variant(self, kind: str, factor: float, train_len: int | None = None) -> Iterator[None]:
         """Run as evaluation-time variant `kind` (one of `variants`) at scale factor `factor` >= 1, with
         `train_len` the training length; the encoding is restored on exit."""

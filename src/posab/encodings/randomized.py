@@ -22,10 +22,11 @@ training lengths up to 40 (experiments/example.py).
   forward pass as the reference does, from a generator re-seeded (from the run's seed) whenever the model
   goes from training to evaluation mode, so that an evaluation (the same evaluators, lengths and windows,
   in the same order) draws the same positions every time it is run, after training or from a checkpoint
-  (reproducible); offsets are ignored (the sample replaces the positions), and cached
-  decoding is undefined (a sorted sample spans the whole sequence, unknown while decoding), so a cached
-  step is refused: `posab generate` and decoding benchmarks need `contiguous`. A window of L_max tokens
-  draws every position: at the longest evaluation length the two agree exactly.
+  (reproducible); offsets are ignored (the sample replaces the positions). A sorted sample spans the whole
+  sequence, unknown while decoding, so a cached step is refused outside a plan: `planned_positions(total)`
+  draws one sample of the whole sequence up front (posab.decoding's `generate` and `step_by_step_full` do,
+  and the task evaluator per batch, for its decoding and its teacher-forced pass alike). A window of L_max
+  tokens draws every position: at the longest evaluation length the two agree exactly.
   The study scores `sampled` (the method as published: evaluation positions distributed as in training at
   every length; contiguous windows shorter than L_max have gaps of 1 where training saw gaps of ~L_max / T)
   and may re-score a finished run under `contiguous` with `posab evaluate` (`same_in_training`). The
@@ -42,6 +43,8 @@ training lengths up to 40 (experiments/example.py).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -115,6 +118,7 @@ class Randomized(Encoding):
         self.train_draws = torch.Generator().manual_seed(dims.seed + TRAIN_SEED_OFFSET)
         self.eval_draws = torch.Generator().manual_seed(dims.seed + EVAL_SEED_OFFSET)
         self._drawn: tuple[Positions, Positions] | None = None  # this pass's positions and their sample
+        self._plan: Tensor | None = None  # (total,) a whole decoded sequence's sample (`planned_positions`)
 
     @property
     def sampling(self) -> bool:
@@ -134,15 +138,46 @@ class Randomized(Encoding):
         self._drawn = None  # a new mode never reuses the last pass's sample
         return super().train(mode)
 
+    @contextmanager
+    def planned_positions(self, total: int) -> Iterator[None]:
+        """Evaluating `sampled`: one sorted sample of `total` positions from [0, L_max), drawn up front, for
+        every pass until exit (a prompt, each cached step, a teacher-forced pass over the same sequence):
+        token t gets position sample[t]. The reference draws a sample per evaluation batch; a decoder that
+        writes its answer token by token needs it fixed before the first token. Inside a plan already
+        long enough, or not sampling: nothing changes."""
+        if (
+            self.training
+            or self.eval_positions != "sampled"
+            or (self._plan is not None and total <= len(self._plan))
+        ):
+            yield
+            return
+        self._plan, self._drawn = self._draw(Positions.build(total)).token.cpu(), None  # (total,)
+        try:
+            yield
+        finally:
+            self._plan, self._drawn = None, None
+
     def positions(self, pos: Positions) -> Positions:
         """The positions the base sees in this pass: `pos` itself, or a sorted sample of [0, L_max) of its
         length, drawn once per pass (the model hands `embed`, `attention_form` and every layer's `rotate`
-        the same `pos`)."""
+        the same `pos`), or within a plan (`planned_positions`) the plan's positions of `pos`."""
         if not self.sampling:
             return pos
         if self._drawn is None or self._drawn[0] is not pos:
-            self._drawn = pos, self._draw(pos)
+            self._drawn = pos, self._draw(pos) if self._plan is None else self.planned(pos)
         return self._drawn[1]
+
+    def planned(self, pos: Positions) -> Positions:
+        """The plan's positions of `pos` (true positions, which index the plan)."""
+        if pos.last >= len(self._plan):
+            raise ConfigError(
+                f"randomized positions: position {pos.last} is past the {len(self._plan)} planned; plan the "
+                "whole sequence (prompt and every token written)"
+            )
+        token = self._plan.to(pos.token.device)[pos.token]  # (T,)
+        first, largest = int(self._plan[pos.first]), int(self._plan[pos.last])
+        return Positions(token, first, pos.sentence, pos.paragraph, largest=largest)
 
     def _draw(self, pos: Positions) -> Positions:
         if pos.length > self.max_length:
@@ -164,11 +199,11 @@ class Randomized(Encoding):
         return self.base.rotate(q, k, self.positions(pos), layer)
 
     def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
-        if self.sampling and queries < pos.length:
+        if self.sampling and queries < pos.length and self._plan is None:
             raise ConfigError(
-                "randomized positions with eval_positions=sampled cannot decode with a cache (a sorted "
-                "sample spans the whole sequence, unknown while decoding); use encoding.eval_positions="
-                "contiguous to decode"
+                "randomized positions with eval_positions=sampled decode with a cache only within a plan of "
+                "the whole sequence (`Encoding.planned_positions`, which posab.decoding's generate draws); "
+                "or use encoding.eval_positions=contiguous"
             )
         seen = self.positions(pos)
         if seen is pos or self.kind == "positions":

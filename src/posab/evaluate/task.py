@@ -94,7 +94,13 @@ def forced_exact(ctx: EvalContext, examples: list[TaskExample]) -> np.ndarray:
 
 
 def score(ctx: EvalContext, examples: list[TaskExample], size: int) -> Scored:
-    parts = [(greedy_exact(ctx, group), forced_exact(ctx, group)) for group in batches(examples, size)]
+    """Both verdicts, batch by batch, each batch's two passes at the same positions (one plan of the whole
+    sequence: `Encoding.planned_positions`, randomized positions evaluated `sampled`)."""
+    parts = []
+    for group in batches(examples, size):
+        ctx.model.eval()
+        with ctx.model.encoding.planned_positions(max(len(e.tokens) for e in group)):
+            parts.append((greedy_exact(ctx, group), forced_exact(ctx, group)))
     return Scored(np.concatenate([g for g, _ in parts]), np.concatenate([f for _, f in parts]))
 
 
