@@ -212,6 +212,10 @@ def test_a_task_run_trains_on_answers_and_writes_its_accuracy(name: str, tmp_pat
     assert {f"task/exact@{n}" for n in range(low, high + 1)} <= set(results["eval"])
     assert {"task/exact_seen", "task/exact_unseen", "task/tf_disagree"} <= set(results["eval"])
     assert (tmp_path / "task_accuracy.csv").is_file() and (tmp_path / "task_accuracy.png").is_file()
+    examples = np.load(tmp_path / "task_examples.npz")
+    assert examples["length"].tolist() == [n for n in range(low, high + 1) for _ in range(2)]
+    for n in range(low, high + 1):
+        assert examples["exact"][examples["length"] == n].mean() == results["eval"][f"task/exact@{n}"]
     assert not any(key.startswith(("ppl/", "needle/", "shift/", "audit/")) for key in results["eval"])
     summary = summary_text(results, tmp_path)
     assert "task exact match: seen lengths" in summary and "needle" not in summary

@@ -15,7 +15,9 @@ the needle evaluator's scoring rests on (`posab.evaluate.needle`: greedy decodin
 teacher-forced argmax is right at every key position): every example is also scored teacher-forced, and
 `task/tf_disagree` counts the examples where the two verdicts differ (0 unless cached decoding and the
 full forward pass round a near tie differently: bf16). The `task_accuracy` table and figure (accuracy
-against n, the training range shaded) go with them.
+against n, the training range shaded) go with them, and `task_examples.npz` (each example's instance length
+and verdict, in the order `TaskStream.examples_at` gives them: the same examples for every run of a task, so
+that runs can be paired example by example).
 
 What a number can show: whether the model computes the task exactly at lengths it never trained on. What it
 cannot: why (attention analysis does that), nor how close a wrong answer was (exact match is all or
@@ -129,17 +131,27 @@ class TaskAccuracy(Evaluator[TaskEvalConfig]):
             raise ConfigError("eval.task.enabled=true needs a task's data: data=task task=NAME")
         low, high = stream.lengths
         train = stream.train_lengths
-        rows, scalars = [], {}
+        rows, scalars, verdicts = [], {}, []
         for n in ctx.bar(range(low, high + 1), f"task {stream.task.name}"):
             found = score(ctx, stream.examples_at(n, self.cfg.examples), self.cfg.batch_size)
             exact, forced = float(found.greedy.mean()), float(found.forced.mean())
             disagree = int((found.greedy != found.forced).sum())
             rows.append([n, train[0] <= n <= train[1], len(found.greedy), exact, forced, disagree])
             scalars[metric_key("exact", n)] = exact
+            verdicts.append((np.full(len(found.greedy), n), found.greedy))
         scalars.update(summary_scalars(rows))
         table = Table(COLUMNS, rows)
         figure = accuracy_figure(table, train, f"{ctx.title}: {stream.task.name}")
-        return EvalOutput(scalars=scalars, tables={"task_accuracy": table}, figures={"task_accuracy": figure})
+        arrays = {
+            "length": np.concatenate([n for n, _ in verdicts]),
+            "exact": np.concatenate([g for _, g in verdicts]),
+        }
+        return EvalOutput(
+            scalars=scalars,
+            tables={"task_accuracy": table},
+            figures={"task_accuracy": figure},
+            arrays={"task_examples": arrays},
+        )
 
     @staticmethod
     def report_columns(keys: Collection[str]) -> list[Column]:

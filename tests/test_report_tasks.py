@@ -1,0 +1,152 @@
+"""The task suite's report (`posab tasks`): the accuracy tables, the NoPE study's mean reciprocal rank with
+ties at their mean rank, the paired seed-level orderings of a claims file, and the files it writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from report_runs import finished_run
+
+from posab.report.records import ReportError, RunRecord
+from posab.report.runs_csv import write_csv
+from posab.report.tasks import (
+    TaskClaim,
+    claim_verdicts,
+    frame_of,
+    main,
+    mrr,
+    read_task_claims,
+    task_runs,
+)
+
+TRAIN = {"copy": (1, 4), "parity": (1, 2)}
+TEST = {"copy": 8, "parity": 4}
+
+
+def task_run(encoding: str, task: str, seed: int, unseen: list[float], seen: float = 1.0) -> RunRecord:
+    """A finished run of `task` whose unseen lengths score `unseen` (in order) and seen ones `seen`."""
+    low, high = TRAIN[task]
+    lengths = range(low, TEST[task] + 1)
+    by_length = {n: seen if n <= high else unseen[n - high - 1] for n in lengths}
+    metrics = {f"task/exact@{n}": v for n, v in by_length.items()}
+    metrics |= {"task/exact_seen": seen, "task/exact_unseen": float(np.mean(unseen))}
+    config = {"data.task.name": task, "data.task.train_lengths": f"[{low}, {high}]"}
+    return finished_run(f"{encoding}-{task}-{seed}", encoding, seed, "tasks", config, metrics)
+
+
+def suite() -> list[RunRecord]:
+    """nope beats rope at every seed on both tasks (by 0.1 to 0.3 a length); alibi ties rope at 0 on
+    parity; sinusoidal scores 0 everywhere."""
+    runs = []
+    for seed in (0, 1, 2):
+        lift = 0.1 * (seed + 1)
+        runs += [
+            task_run("nope", "copy", seed, [0.5 + lift, 0.4 + lift, 0.3 + lift, 0.2 + lift]),
+            task_run("rope", "copy", seed, [0.5, 0.4, 0.3, 0.2]),
+            task_run("alibi", "copy", seed, [0.6, 0.1, 0.0, 0.0]),
+            task_run("sinusoidal", "copy", seed, [0.0] * 4),
+            task_run("nope", "parity", seed, [0.5, 0.3]),
+            task_run("rope", "parity", seed, [0.0, 0.0]),
+            task_run("alibi", "parity", seed, [0.0, 0.0]),
+            task_run("sinusoidal", "parity", seed, [0.0, 0.0]),
+        ]
+    return runs
+
+
+def test_the_frame_has_one_line_per_run_and_refuses_duplicates() -> None:
+    frame = frame_of(task_runs(suite()))
+    assert len(frame) == 24 and set(frame.columns) == {
+        "encoding",
+        "task",
+        "seed",
+        "exact_unseen",
+        "exact_seen",
+    }
+    with pytest.raises(ReportError, match="two runs of one encoding, task and seed"):
+        frame_of(task_runs([*suite(), task_run("nope", "copy", 0, [0.0] * 4)]))
+    with pytest.raises(ReportError, match="no finished task run"):
+        task_runs([finished_run("lm", "nope", 0, "study", {}, {"ppl/512": 3.0})])
+
+
+def test_mean_reciprocal_rank_by_hand_with_ties_at_their_mean_rank() -> None:
+    """copy (every seed): nope > rope (0.35) > alibi (0.175) > sinusoidal: ranks 1, 2, 3, 4. parity: nope
+    1st, the other three tie at 0: rank (2 + 3 + 4) / 3 = 3. MRR over the 6 (task, seed)s: nope 1, rope
+    (1/2 + 1/3) / 2, alibi (1/3 + 1/3) / 2, sinusoidal (1/4 + 1/3) / 2."""
+    found = mrr(frame_of(task_runs(suite())), ["nope", "rope", "alibi", "sinusoidal"])
+    assert found.to_dict() == pytest.approx(
+        {"nope": 1.0, "rope": (1 / 2 + 1 / 3) / 2, "alibi": 1 / 3, "sinusoidal": (1 / 4 + 1 / 3) / 2}
+    )
+    assert list(found.index) == ["nope", "rope", "alibi", "sinusoidal"]
+
+
+def claim(row: str, reference: str, task: str, direction: str = "greater") -> TaskClaim:
+    return TaskClaim("nope_study", row, reference, task, direction, "preregistered", "abc123", "a sentence")
+
+
+def test_an_ordering_is_tested_on_its_per_seed_differences() -> None:
+    """nope - rope on copy: +0.1, +0.2, +0.3 at seeds 0-2 (every length); over the mean of both tasks the
+    parity difference (+0.4 every seed) joins: (0.1 + 0.4) / 2, ... The sign-flip p of 3 positive seeds is
+    1/8, Holm over the family of 3 claims keeps the smallest at 3/8; the interval is above 0, so the verdict
+    is suggestive (3 seeds cannot make it ordered). rope vs sinusoidal on parity: 0 every seed."""
+    claims = [
+        claim("nope", "rope", "copy"),
+        claim("nope", "rope", "mean"),
+        claim("rope", "sinusoidal", "parity"),
+    ]
+    verdicts = claim_verdicts(task_runs(suite()), claims)
+    first, second, third = verdicts.itertuples()
+    assert first.per_seed == "+0.100 / +0.200 / +0.300" and first.difference == pytest.approx(0.2)
+    assert second.per_seed == "+0.250 / +0.300 / +0.350"
+    assert first.p == pytest.approx(1 / 8) and first.p_holm == pytest.approx(3 / 8)
+    assert 0 < first.low < first.high and first.verdict == "suggestive"
+    assert third.difference == 0 and third.verdict == "indistinguishable" and third.p == 1.0
+    opposite = claim_verdicts(task_runs(suite()), [claim("nope", "rope", "copy", "less")])
+    assert opposite["verdict"].tolist() == ["opposite"]
+
+
+def test_a_claim_without_two_common_seeds_is_named() -> None:
+    runs = [r for r in suite() if not (r.encoding == "rope" and r.seed > 0)]
+    with pytest.raises(ReportError, match="fewer than 2 seeds"):
+        claim_verdicts(task_runs(runs), [claim("nope", "rope", "copy")])
+
+
+def test_bad_claims_files_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "claims.csv"
+    pd.DataFrame([vars(claim("nope", "rope", "divide"))]).to_csv(path, index=False)
+    with pytest.raises(ReportError, match="task 'divide'; valid: copy, parity, mean"):
+        read_task_claims(path, ["copy", "parity"])
+    pd.DataFrame([{"family": "x"}]).to_csv(path, index=False)
+    with pytest.raises(ReportError, match="no column"):
+        read_task_claims(path, ["copy"])
+
+
+def test_the_command_writes_the_report_from_a_runs_csv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_csv(suite(), tmp_path / "runs.csv")
+    claims = tmp_path / "claims.csv"
+    pd.DataFrame([vars(claim("nope", "rope", "mean"))]).to_csv(claims, index=False)
+    out = tmp_path / "out"
+    assert main([str(tmp_path), "--out", str(out), "--claims", str(claims)]) == 0  # a folder with a runs.csv
+    text = (out / "tasks.md").read_text()
+    assert "| nope | 0.550 (0.45 / 0.55 / 0.65) | 0.400 (0.40 / 0.40 / 0.40) |" in text
+    assert "| nope | 1.000 | 0.687 |" in text  # beside the NoPE study's value
+    assert "| nope > rope | mean | +0.300 |" in text
+    assert (out / "tasks.png").read_bytes().startswith(b"\x89PNG")
+    assert len(pd.read_csv(out / "runs.csv")) == 24 and len(pd.read_csv(out / "tasks.csv")) == 24
+    assert main([str(tmp_path / "nothing"), "--out", str(out)]) == 2
+
+
+def test_the_suite_s_claims_file_reads_and_names_encodings_and_tasks_that_exist() -> None:
+    from conftest import CONF, ENCODINGS
+
+    tasks = sorted(p.stem for p in (CONF / "task").glob("*.yaml"))
+    path = Path(__file__).resolve().parents[1] / "results" / "tasks" / "claims.csv"
+    claims = read_task_claims(path, tasks)
+    assert len(claims) == 7 and {c.family for c in claims} == {"nope_study"}
+    assert all(
+        c.row in ENCODINGS and c.reference in ENCODINGS and c.status == "preregistered" for c in claims
+    )
