@@ -127,7 +127,7 @@ def test_exact_match_reads_known_outputs() -> None:
         [3, False, 3, 1.0, 1.0, 0],
     ]
     assert all(format_key(parse_key(key)) == key for key in scalars if key.startswith("task/"))
-    assert "task_accuracy" in output.figures
+    assert "task_accuracy_vs_length" in output.figures
 
 
 def test_a_model_that_does_not_stop_is_wrong() -> None:
@@ -211,7 +211,7 @@ def test_a_task_run_trains_on_answers_and_writes_its_accuracy(name: str, tmp_pat
     assert results["status"] == "finished" and math.isfinite(results["val_loss"])
     assert {f"task/exact@{n}" for n in range(low, high + 1)} <= set(results["eval"])
     assert {"task/exact_seen", "task/exact_unseen", "task/tf_disagree"} <= set(results["eval"])
-    assert (tmp_path / "task_accuracy.csv").is_file() and (tmp_path / "task_accuracy.png").is_file()
+    assert (tmp_path / "task_accuracy.csv").is_file() and (tmp_path / "task_accuracy_vs_length.png").is_file()
     examples = np.load(tmp_path / "task_examples.npz")
     assert examples["length"].tolist() == [n for n in range(low, high + 1) for _ in range(2)]
     for n in range(low, high + 1):

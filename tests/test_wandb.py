@@ -235,3 +235,26 @@ def test_wandb_mode_variable_wins(no_credentials: Path, monkeypatch: pytest.Monk
     assert resolve_mode("auto") == "offline" and resolve_mode("online") == "offline"
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert resolve_mode("offline") == "disabled"
+
+
+@pytest.mark.e2e
+def test_a_task_run_logs_its_accuracy_table_and_figure(tmp_path: Path) -> None:
+    """`data=task task=parity` with logger=wandb: exact match at every test length in the summary, the
+    accuracy table and its figure as media, tagged with the task."""
+    args = ["data=task", "task=parity", "model=tiny", "logger=wandb", f"hydra.run.dir={tmp_path}/run"]
+    budget = [
+        "train.steps=4",
+        "train.batch_size=4",
+        "train.val_every=2",
+        "train.warmup_steps=1",
+        "eval.task.examples=2",
+    ]
+    proc = run_train([*args, *budget, "train.progress=false", "eval.progress=false", "encoding=nope"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = only_run(tmp_path / "run")
+    s = summary(run)
+    assert "task-parity" in s["tags"] and s["config"]["data"]["task"]["name"] == "parity"
+    values = s["summary"]
+    assert {f"task/exact@{n}" for n in range(1, 17)} <= set(values) and "task/exact_unseen" in values
+    assert values["eval/task_accuracy_vs_length"]["_type"] == "image-file"
+    assert len(table(run, values["eval/task_accuracy"])["data"]) == 16

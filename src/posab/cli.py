@@ -16,7 +16,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "claims": ("posab.report.readings", "test every claim of a study once; write its verdicts and readings"),
     "needle-report": ("posab.report.needle", "retrieval by length and stage curves of passkey-stage runs"),
     "tuning": ("posab.report.tuning", "the learning-rate pilot's picks"),
-    "tasks": ("posab.report.tasks", "the algorithmic task suite: accuracy, the NoPE study's ranking, orderings"),
+    "tasks": (
+        "posab.report.tasks",
+        "the algorithmic task suite: accuracy, the NoPE study's ranking, orderings",
+    ),
     "budget": ("posab.report.budget", "the training budget's validation curves"),
     "window-documents": ("posab.report.window_documents", "add each window's document to runs.csv"),
     "audit-backfill": ("posab.run.audit_backfill", "the audit's pull and input novelty for older runs"),

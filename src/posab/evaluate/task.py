@@ -14,10 +14,10 @@ generalisation the suite measures), each a mean over lengths of equally many exa
 the needle evaluator's scoring rests on (`posab.evaluate.needle`: greedy decoding returns the key iff the
 teacher-forced argmax is right at every key position): every example is also scored teacher-forced, and
 `task/tf_disagree` counts the examples where the two verdicts differ (0 unless cached decoding and the
-full forward pass round a near tie differently: bf16). The `task_accuracy` table and figure (accuracy
-against n, the training range shaded) go with them, and `task_examples.npz` (each example's instance length
-and verdict, in the order `TaskStream.examples_at` gives them: the same examples for every run of a task, so
-that runs can be paired example by example).
+full forward pass round a near tie differently: bf16). The `task_accuracy` table and the
+`task_accuracy_vs_length` figure (accuracy against n, the training range shaded) go with them, and
+`task_examples.npz` (each example's instance length and verdict, in the order `TaskStream.examples_at` gives
+them: the same examples for every run of a task, so that runs can be paired example by example).
 
 What a number can show: whether the model computes the task exactly at lengths it never trained on. What it
 cannot: why (attention analysis does that), nor how close a wrong answer was (exact match is all or
@@ -149,7 +149,7 @@ class TaskAccuracy(Evaluator[TaskEvalConfig]):
         return EvalOutput(
             scalars=scalars,
             tables={"task_accuracy": table},
-            figures={"task_accuracy": figure},
+            figures={"task_accuracy_vs_length": figure},
             arrays={"task_examples": arrays},
         )
 
