@@ -63,31 +63,49 @@ def test_each_generator_gives_the_hand_worked_example(
     assert generate(Scripted(*draws), n) == (prompt, answer)
 
 
+def check_list(name: str, prompt: str, answer: str, n: int) -> None:
+    assert len(prompt) == n and set(prompt) <= set(POOL)
+    expected = {"copy": prompt, "reverse": prompt[::-1], "sort": "".join(sorted(prompt, key=POOL.index))}
+    assert answer == expected[name]
+
+
+def check_addition(prompt: str, answer: str, n: int) -> None:
+    a, b = prompt.split("+")
+    assert max(len(a), len(b)) == n and int(a) + int(b) == int(answer)
+    assert all(len(x) == 1 or x[0] != "0" for x in (a, b, answer))  # no leading zeros
+
+
+def check_parity(prompt: str, answer: str, n: int) -> None:
+    assert len(prompt) == n and set(prompt) <= {"0", "1"} and answer == str(prompt.count("1") % 2)
+
+
+def check_summation(prompt: str, answer: str, n: int) -> None:
+    values = [int(v) for v in prompt.split("+")]
+    assert len(values) == n and min(values) >= 1 and answer == str(sum(values) % 10)
+
+
+DEFINITIONS = {  # each task's definition, checked on its examples (a new task: add its own)
+    "copy": lambda p, a, n: check_list("copy", p, a, n),
+    "reverse": lambda p, a, n: check_list("reverse", p, a, n),
+    "sort": lambda p, a, n: check_list("sort", p, a, n),
+    "addition": check_addition,
+    "parity": check_parity,
+    "summation": check_summation,
+}
+
+
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_every_example_satisfies_its_task_s_definition(name: str) -> None:
-    task, rng = TASKS[name], np.random.default_rng(0)
+    """Every task's examples fit its token count, are written in task symbols, and (for the tasks with a
+    checker here, which a new task must add) satisfy its definition."""
+    task, rng, tokenizer = TASKS[name], np.random.default_rng(0), TaskTokenizer()
+    assert name in DEFINITIONS, f"task {name} has no definition check in DEFINITIONS"
     for n in (1, 2, 5, 17, 40):
         for _ in range(20):
             example = task.example(rng, n)
-            prompt, answer = example.prompt, example.answer
-            assert len(example.tokens) <= task.tokens(n)
-            if name in ("copy", "reverse", "sort"):
-                assert len(prompt) == n and set(prompt) <= set(POOL)
-                expected = {
-                    "copy": prompt,
-                    "reverse": prompt[::-1],
-                    "sort": "".join(sorted(prompt, key=POOL.index)),
-                }
-                assert answer == expected[name]
-            elif name == "addition":
-                a, b = prompt.split("+")
-                assert max(len(a), len(b)) == n and int(a) + int(b) == int(answer)
-                assert all(len(x) == 1 or x[0] != "0" for x in (a, b, answer))  # no leading zeros
-            elif name == "parity":
-                assert len(prompt) == n and set(prompt) <= {"0", "1"} and answer == str(prompt.count("1") % 2)
-            else:
-                values = [int(v) for v in prompt.split("+")]
-                assert len(values) == n and min(values) >= 1 and answer == str(sum(values) % 10)
+            assert len(example.tokens) <= task.tokens(n) and example.length == n
+            assert tokenizer.decode(example.tokens) == f"{example.prompt}={example.answer}"
+            DEFINITIONS[name](example.prompt, example.answer, n)
 
 
 def test_the_longest_example_reaches_the_stated_token_count() -> None:
