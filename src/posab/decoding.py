@@ -43,42 +43,32 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from posab.cache import KVCache
 from posab.data.tasks import TaskTokenizer, TaskTracker
-from posab.data.tokenizer import BOS, PARA, PARAGRAPH_BREAK, SENT, SENTENCE_END, Tokenizer
+from posab.data.tokenizer import BOS, PARA, PARAGRAPH_BREAK, SENT, SENTENCE_END, IndexTracker, Tokenizer
 from posab.errors import ConfigError, require
 from posab.model import DecoderLM
 
 Indices = tuple[Tensor | None, Tensor | None]  # sentence, paragraph: (B, c) each, or None when unknown
 
 
-class Tracker(Protocol):
-    """Assigns the sentence and paragraph indices of a growing sequence: `StructureTracker` (text) or
-    `posab.data.tasks.TaskTracker` (a task's rule)."""
-
-    def extend(self, ids: Iterable[int]) -> tuple[list[int], list[int]]: ...
-    def seed(self, ids: Sequence[int], sentence: Sequence[int], paragraph: Sequence[int]) -> None: ...
-
-
-class StructureTracker:
+class StructureTracker(IndexTracker):
     """Sentence and paragraph indices of one growing token sequence, assigned as the data pipeline assigns
     them (the rule: this module's docstring). `extend` tracks the next tokens and returns their indices;
-    `seed` takes tokens whose indices are already known (a window of a token stream)."""
+    `seed` takes tokens whose indices are already known (a window of a token stream); without anchors the
+    text rule then sees only the seeded tokens' text."""
 
     def __init__(self, pieces: Sequence[bytes | None], anchors: bool) -> None:
         """`pieces`: each id's text bytes, None for the anchors (`Tokenizer.pieces`); `anchors`: whether the
         model's data had anchor tokens (`data.anchors`)."""
+        super().__init__()
         self.pieces = pieces
         self.anchors = anchors
-        self.sentence: list[int] = []
-        self.paragraph: list[int] = []
-        self._last: int | None = None  # the previous token's id
         self._text = bytearray()  # without anchors: the text so far
         self._scan = 0  # without anchors: the last unit start in `_text`, where the next scan begins
 
@@ -86,39 +76,14 @@ class StructureTracker:
     def for_tokenizer(cls, tokenizer: Tokenizer) -> StructureTracker:
         return cls(tokenizer.pieces, tokenizer.anchors)
 
-    def __len__(self) -> int:
-        return len(self.sentence)
-
-    def extend(self, ids: Iterable[int]) -> tuple[list[int], list[int]]:
-        """Track the next tokens; returns their sentence and paragraph indices."""
-        start = len(self.sentence)
-        for token in ids:
-            self._append(int(token))
-        return self.sentence[start:], self.paragraph[start:]
-
-    def seed(self, ids: Sequence[int], sentence: Sequence[int], paragraph: Sequence[int]) -> None:
-        """Take tokens with known indices (e.g. a prompt cut from a token stream); later tokens continue
-        from them. Without anchors the text rule then sees only the seeded tokens' text."""
-        require(
-            len(ids) == len(sentence) == len(paragraph),
-            f"seed: {len(ids)} ids with {len(sentence)} sentence and {len(paragraph)} paragraph indices",
-        )
-        for token, s, p in zip(ids, sentence, paragraph, strict=True):
-            if not self.anchors:
-                self._text += self._piece(int(token))
-            self.sentence.append(int(s))
-            self.paragraph.append(int(p))
-            self._last = int(token)
-
-    def _append(self, token: int) -> None:
-        sentence, paragraph = (self.sentence[-1], self.paragraph[-1]) if self.sentence else (0, 0)
+    def _opens(self, token: int) -> tuple[int, int]:
         if self.anchors:
-            opened = (0, 0) if self._last is None else self._anchor_starts(token)
-        else:
-            opened = self._text_starts(token)  # the text's own start (offset 0) opens nothing
-        self.sentence.append(sentence + opened[0])
-        self.paragraph.append(paragraph + opened[1])
-        self._last = token
+            return (0, 0) if self._last is None else self._anchor_starts(token)
+        return self._text_starts(token)  # the text's own start (offset 0) opens nothing
+
+    def _seen(self, token: int) -> None:
+        if not self.anchors:
+            self._text += self._piece(token)
 
     def _anchor_starts(self, token: int) -> tuple[int, int]:
         """(sentences, paragraphs) the anchor `token` opens after `self._last`; (0, 0) for any other."""
@@ -152,7 +117,7 @@ class StructureTracker:
         return piece or b""
 
 
-def structure_tracker(tokenizer: Tokenizer) -> Tracker:
+def structure_tracker(tokenizer: Tokenizer) -> IndexTracker:
     """A tracker of the tokenizer's own rule: a task's (`posab.data.tasks.vocab`) or text's (above)."""
     return (
         TaskTracker() if isinstance(tokenizer, TaskTokenizer) else StructureTracker.for_tokenizer(tokenizer)
@@ -213,7 +178,7 @@ def generate(
     temperature: float = 0.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
-    structure: Sequence[Tracker] | None = None,
+    structure: Sequence[IndexTracker] | None = None,
     sentence: Tensor | None = None,
     paragraph: Tensor | None = None,
     offset: int = 0,
@@ -246,7 +211,7 @@ def step_by_step_full(
     prompt: Tensor,
     steps: int,
     *,
-    structure: Sequence[Tracker] | None = None,
+    structure: Sequence[IndexTracker] | None = None,
     sentence: Tensor | None = None,
     paragraph: Tensor | None = None,
     offset: int = 0,
@@ -288,7 +253,7 @@ def check_request(
 
 def prompt_indices(
     prompt: Tensor,
-    structure: Sequence[Tracker] | None,
+    structure: Sequence[IndexTracker] | None,
     sentence: Tensor | None,
     paragraph: Tensor | None,
 ) -> Indices:
@@ -311,7 +276,7 @@ def prompt_indices(
     return sentence, paragraph
 
 
-def next_indices(token: Tensor, structure: Sequence[Tracker] | None) -> Indices:
+def next_indices(token: Tensor, structure: Sequence[IndexTracker] | None) -> Indices:
     """The new tokens' (B, 1) sentence and paragraph indices, from every row's tracker; None without."""
     if structure is None:
         return None, None

@@ -13,10 +13,13 @@ with the subword tokenizer (`posab.data.bpe`), which encodes each sentence into 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+from posab.errors import ConfigError
 
 BOS, EOS, PARA, SENT = 256, 257, 258, 259
 SPECIAL_NAMES = {BOS: "<bos>", EOS: "<eos>", PARA: "<para>", SENT: "<sent>"}
@@ -123,6 +126,52 @@ def decode_pieces(ids: list[int] | np.ndarray, pieces: list[bytes | None], show_
             out.append(SPECIAL_NAMES.get(i, f"<{i}>"))
     out.append(run.decode("utf-8", errors="replace"))
     return "".join(out)
+
+
+class IndexTracker:
+    """Sentence and paragraph indices of one growing token sequence, one token at a time, by a rule its
+    subclass gives (`_opens`): text's (`posab.decoding.StructureTracker`) or a task's
+    (`posab.data.tasks.TaskTracker`). `extend` tracks the next tokens and returns their indices; `seed`
+    takes tokens whose indices are already known."""
+
+    def __init__(self) -> None:
+        self.sentence: list[int] = []
+        self.paragraph: list[int] = []
+        self._last: int | None = None  # the previous token's id
+
+    def __len__(self) -> int:
+        return len(self.sentence)
+
+    def extend(self, ids: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Track the next tokens; returns their sentence and paragraph indices."""
+        start = len(self.sentence)
+        for token in ids:
+            token = int(token)
+            sentence, paragraph = (self.sentence[-1], self.paragraph[-1]) if self.sentence else (0, 0)
+            opened = self._opens(token)
+            self.sentence.append(sentence + opened[0])
+            self.paragraph.append(paragraph + opened[1])
+            self._last = token
+        return self.sentence[start:], self.paragraph[start:]
+
+    def seed(self, ids: Sequence[int], sentence: Sequence[int], paragraph: Sequence[int]) -> None:
+        """Take tokens with known indices; later tokens continue from them."""
+        if not len(ids) == len(sentence) == len(paragraph):
+            raise ConfigError(
+                f"seed: {len(ids)} ids with {len(sentence)} sentence and {len(paragraph)} paragraph indices"
+            )
+        for token, s, p in zip(ids, sentence, paragraph, strict=True):
+            self._seen(int(token))
+            self.sentence.append(int(s))
+            self.paragraph.append(int(p))
+            self._last = int(token)
+
+    def _opens(self, token: int) -> tuple[int, int]:
+        """(sentences, paragraphs) that `token`, appended now, opens."""
+        raise NotImplementedError
+
+    def _seen(self, token: int) -> None:
+        """A seeded token, for a rule that reads more than the indices (text's bytes). Nothing by default."""
 
 
 class Tokenizer(Protocol):

@@ -15,11 +15,11 @@ decoding), `structure` to a whole sequence; both give the same indices (tests/te
 from __future__ import annotations
 
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 
-from posab.data.tokenizer import Encoded
+from posab.data.tokenizer import Encoded, IndexTracker
 from posab.errors import ConfigError
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
@@ -72,39 +72,16 @@ class TaskTokenizer:
         return "".join(out)
 
 
-class TaskTracker:
+class TaskTracker(IndexTracker):
     """The structure rule (module docstring) for one growing sequence, as `posab.decoding.StructureTracker`
-    is for text: `extend` tracks the next tokens and returns their indices, `seed` takes known ones."""
+    is for text."""
 
-    def __init__(self) -> None:
-        self.sentence: list[int] = []
-        self.paragraph: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.sentence)
-
-    def extend(self, ids: Iterable[int]) -> tuple[list[int], list[int]]:
-        start = len(self.sentence)
-        for token in ids:
-            self._append(int(token))
-        return self.sentence[start:], self.paragraph[start:]
-
-    def seed(self, ids: Sequence[int], sentence: Sequence[int], paragraph: Sequence[int]) -> None:
-        if not len(ids) == len(sentence) == len(paragraph):
-            raise ConfigError(
-                f"seed: {len(ids)} ids with {len(sentence)} sentence and {len(paragraph)} paragraph"
-            )
-        self.sentence += [int(s) for s in sentence]
-        self.paragraph += [int(p) for p in paragraph]
-
-    def _append(self, token: int) -> None:
-        sentence, paragraph = (self.sentence[-1], self.paragraph[-1]) if self.sentence else (0, 0)
-        if self.sentence and token == SEP:
-            sentence, paragraph = sentence + 1, paragraph + 1
-        elif self.sentence and token in SENTENCE_OPENERS and paragraph == 0:
-            sentence += 1
-        self.sentence.append(sentence)
-        self.paragraph.append(paragraph)
+    def _opens(self, token: int) -> tuple[int, int]:
+        if self._last is None:
+            return 0, 0  # the first token opens nothing
+        if token == SEP:
+            return 1, 1
+        return (1, 0) if token in SENTENCE_OPENERS and self.paragraph[-1] == 0 else (0, 0)
 
 
 def structure(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
