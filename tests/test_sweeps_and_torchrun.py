@@ -396,3 +396,33 @@ def test_the_subword_arm_runs_the_core_encodings_with_bpe_at_their_picks() -> No
             "test",
         )
         assert not cfg.passkey.enabled
+
+
+def test_the_frontier_part_runs_each_encoding_at_its_committed_picks_beside_the_three_references() -> None:
+    """Issue 43, part 10: the frontier encodings at results/study/tuning_frontier/picks.csv, RoPE and ALiBi at
+    their part-2 picks and the clamped multi-scale bias at the multi-scale bias's, seeds 0-4, under one
+    experiment (the claims' selectors), randomized positions scored sampled as they were tuned."""
+    parser = OverridesParser.create()
+    jobs = [
+        dict(o.split("=", 1) for o in j) for j in expand_grids(preset_grids("study_frontier"), [], parser)
+    ]
+    path = ROOT / "results" / "study" / "tuning_frontier" / "picks.csv"
+    picks = {row["encoding"]: row for row in csv.DictReader(path.open())}
+    main = main_grid_jobs()
+    references = {"rope", "alibi", "multiscale"}
+    assert sorted((j["encoding"], j["seed"]) for j in jobs) == sorted(
+        (e, str(s)) for e in {*picks, *references} for s in range(5)
+    )
+    for job in jobs:
+        pick = picks.get(job["encoding"]) or main[job["encoding"]]
+        assert float(job["train.lr"]) == float(pick.get("lr", pick.get("train.lr")))
+        assert float(job.get("encoding.lr_mult", 1.0)) == float(
+            pick.get("lr_mult", pick.get("encoding.lr_mult", 1.0))
+        )
+        assert (job.get("encoding.eval_positions") == "sampled") == job["encoding"].startswith("randomized_")
+        assert (job.get("encoding.clamp") == "train") == (job["encoding"] == "multiscale")
+    cfg = typed_config(["+experiment=study_frontier", *(f"{k}={v}" for k, v in jobs[-1].items())])
+    assert (cfg.experiment, cfg.train.steps, cfg.eval.split, cfg.eval.extrapolation.enabled) == (
+        "study_frontier", 1000, "test", True
+    )  # fmt: skip
+    assert [c.name for c in cfg.eval.corpora] == ["wikitext2"] and not cfg.passkey.enabled
