@@ -91,7 +91,7 @@ def forced_exact(ctx: EvalContext, examples: list[TaskExample]) -> np.ndarray:
     """(B,) whether the teacher-forced argmax is the target at every scored position (answer and EOS)."""
     batch = example_batch(examples, max(len(e.tokens) for e in examples) - 1)
     logits = ctx.logits(batch.inputs, batch.sentence, batch.paragraph)  # (B, T, V)
-    right = (logits.argmax(-1).cpu() == batch.targets) | ~batch.masks()[1]  # (B, T)
+    right = (logits.argmax(-1).cpu() == batch.targets) | ~batch.loss_mask  # (B, T)
     return right.all(dim=1).numpy()
 
 

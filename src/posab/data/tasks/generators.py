@@ -97,14 +97,11 @@ class Task:
 
     name: str
     generate: Generator
-    most_tokens: Callable[[int], int]
+    tokens: Callable[[int], int]  # n -> the most tokens an instance of length n has
 
     def example(self, rng: np.random.Generator, n: int) -> TaskExample:
         prompt, answer = self.generate(rng, n)
         return TaskExample(n, prompt, answer)
-
-    def tokens(self, n: int) -> int:
-        return self.most_tokens(n)
 
 
 TASKS = {
