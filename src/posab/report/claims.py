@@ -102,21 +102,27 @@ class Claim:
     statement: str
 
 
-def read_claims(path: Path, metrics: Sequence[str]) -> list[Claim]:
-    """The claims of one CSV file; an unreadable file, a missing column, or a value out of its set is an
-    error naming the line and what would be valid."""
+def claims_file_lines(
+    path: Path, kind: str, required: Sequence[str], optional: Sequence[str] = ()
+) -> list[tuple[int, dict[str, str]]]:
+    """(line number, {column: text}) for each claim line of a CSV file (the header is line 1); an unreadable
+    file or a missing required column is an error naming the file and the columns it may have."""
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (OSError, ValueError) as err:
-        raise ReportError(f"claims file {path}: unreadable ({err})") from err
-    missing = [c for c in REQUIRED if c not in frame.columns]
+        raise ReportError(f"{kind} {path}: unreadable ({err})") from err
+    missing = [c for c in required if c not in frame.columns]
     if missing:
-        raise ReportError(
-            f"claims file {path}: no column {missing}; columns: {', '.join(REQUIRED + OPTIONAL)}"
-        )
+        raise ReportError(f"{kind} {path}: no column {missing}; columns: {', '.join([*required, *optional])}")
+    return list(enumerate(frame.to_dict("records"), start=2))
+
+
+def read_claims(path: Path, metrics: Sequence[str]) -> list[Claim]:
+    """The claims of one CSV file; an unreadable file, a missing column, or a value out of its set is an
+    error naming the line and what would be valid."""
     counts: dict[str, int] = {}
     claims = []
-    for number, line in enumerate(frame.to_dict("records"), start=2):
+    for number, line in claims_file_lines(path, "claims file", REQUIRED, OPTIONAL):
         counts[line["family"]] = counts.get(line["family"], 0) + 1
         claims.append(_claim(f"claims file {path}, line {number}", line, counts[line["family"]], metrics))
     return claims

@@ -42,6 +42,7 @@ from matplotlib.figure import Figure
 
 from posab.keys import key_lengths, metric_key
 from posab.plots import new_figure, save_figure
+from posab.report.claims import claims_file_lines
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
@@ -168,17 +169,8 @@ class TaskClaim:
 
 def read_task_claims(path: Path, tasks: Sequence[str]) -> list[TaskClaim]:
     """The claims of a task claims file; a missing column or a value out of its set names its line."""
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (OSError, ValueError) as err:
-        raise ReportError(f"task claims file {path}: unreadable ({err})") from err
-    missing = [c for c in CLAIM_COLUMNS if c not in frame.columns]
-    if missing:
-        raise ReportError(
-            f"task claims file {path}: no column {missing}; columns: {', '.join(CLAIM_COLUMNS)}"
-        )
     claims = []
-    for number, line in enumerate(frame.to_dict("records"), start=2):
+    for number, line in claims_file_lines(path, "task claims file", CLAIM_COLUMNS):
         where = f"task claims file {path}, line {number}"
         if line["task"] not in (*tasks, MEAN):
             raise ReportError(f"{where}: task {line['task']!r}; valid: {', '.join([*tasks, MEAN])}")
