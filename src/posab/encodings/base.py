@@ -222,3 +222,25 @@ def type_name(hint: Any) -> str:
     if hint is type(None):
         return "None"
     return getattr(hint, "__name__", str(hint))
+
+
+class Wrapper(Encoding):
+    """An encoding built around another (`self.base`, set by the subclass): the extrapolation audit's bias
+    and features, the parameters' constraint and the run's numbers are the base's unless it says otherwise
+    (randomized positions, DAPE)."""
+
+    base: Encoding
+
+    def distance_bias(self, distance: Tensor) -> Tensor | None:
+        """The base's bias by distance: the audit's curve is the prior the wrapper builds on."""
+        return self.base.distance_bias(distance)
+
+    def bias_features(self, distance: Tensor) -> Tensor | None:
+        """The base MLP's input features (the audit's novelty), or None when the base has no MLP."""
+        return self.base.bias_features(distance)
+
+    def constrain(self) -> None:
+        self.base.constrain()
+
+    def summary(self) -> dict[str, float]:
+        return self.base.summary()

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding, Positions
+from posab.encodings.base import Dims, Encoding, Positions, Wrapper
 from posab.encodings.dape_kernel import Mixed
 from posab.errors import ConfigError
 from posab.forms import Additive, Form
@@ -63,7 +63,7 @@ def additive_only(encoding: Encoding) -> bool:
     )
 
 
-class DAPE(Encoding):
+class DAPE(Wrapper):
     def __init__(self, dims: Dims, base: dict[str, Any], width: int = 32) -> None:
         super().__init__(dims)
         from posab.encodings import build_encoding  # the package builds encodings; it imports this module
@@ -99,17 +99,3 @@ class DAPE(Encoding):
     ) -> Mixed:
         """Layer `layer`'s function of the logits and the base's bias (`dape_kernel.Mixed`)."""
         return Mixed(form, self.mixers[layer])  # type: ignore[arg-type]  # an Additive (`additive_only`)
-
-    def distance_bias(self, distance: Tensor) -> Tensor | None:
-        """The base encoding's b_h(d) (the extrapolation audit reads the prior f builds on)."""
-        return self.base.distance_bias(distance)
-
-    def bias_features(self, distance: Tensor) -> Tensor | None:
-        """The base MLP's input features (the audit's novelty), or None when the base has no MLP."""
-        return self.base.bias_features(distance)
-
-    def constrain(self) -> None:
-        self.base.constrain()
-
-    def summary(self) -> dict[str, float]:
-        return self.base.summary()

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posab.encodings.base import Dims, Encoding, Positions, distances
+from posab.encodings.base import Dims, Encoding, Positions, Wrapper, distances
 from posab.errors import ConfigError
 from posab.forms import Additive, Causal, Form
 
@@ -79,7 +79,7 @@ def base_kind(base: Encoding) -> str | None:
     return "distance" if all(untouched.values()) and by_distance else None
 
 
-class Randomized(Encoding):
+class Randomized(Wrapper):
     def __init__(
         self,
         dims: Dims,
@@ -230,16 +230,6 @@ class Randomized(Encoding):
 
     def set_extra_state(self, state: Tensor) -> None:
         self.train_draws.set_state(state)
-
-    def distance_bias(self, distance: Tensor) -> Tensor | None:
-        """The base's bias by distance (the audit's curve: the bias at true distances)."""
-        return self.base.distance_bias(distance)
-
-    def bias_features(self, distance: Tensor) -> Tensor | None:
-        return self.base.bias_features(distance)
-
-    def constrain(self) -> None:
-        self.base.constrain()
 
     def summary(self) -> dict[str, float]:
         """The base's numbers; a learned table's rows reached in training are all those below L_max."""
