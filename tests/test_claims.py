@@ -12,7 +12,7 @@ import pytest
 from test_report_designs import base_losses, run
 
 from posab.report.claims import claim_rows, read_claims, read_claims_dir
-from posab.report.readings import BEGIN, END, claims_section, replace_block
+from posab.report.readings import BEGIN, END, claims_section, holm_floor, replace_block
 from posab.report.readings import main as claims_main
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
@@ -101,6 +101,18 @@ def test_the_study_pool_takes_a_run_copied_into_two_folders_once_and_refuses_two
     write_csv(changed, tmp_path / "b" / "runs.csv")
     with pytest.raises(ReportError, match="run alibi-0 differs between two folders"):
         study_pool(tmp_path)
+
+
+def test_a_family_header_states_the_least_holm_p_its_seeds_allow() -> None:
+    def family(claims: int, pairs: int) -> pd.DataFrame:
+        line = {"design": "seed-matched", "seeds_row": pairs, "seeds_reference": pairs}
+        return pd.DataFrame([line] * claims)
+
+    assert holm_floor(family(7, 5)) == (
+        "The least Holm p its seeds allow: 7 × 1/32 = 0.219, at or above α = 0.05: none of its claims can "
+        "be `ordered`."
+    )
+    assert holm_floor(family(1, 5)).endswith("1 × 1/32 = 0.031, below α = 0.05.")
 
 
 def test_a_claims_block_is_replaced_between_its_markers_and_its_absence_is_an_error() -> None:

@@ -12,7 +12,7 @@ from report_runs import finished_run
 from posab.report.grouping import group_rows
 from posab.report.matching import comparison_id, unmatched
 from posab.report.records import RunRecord
-from posab.report.resampling import bootstrap_interval, permutation_p, sign_flip_p
+from posab.report.resampling import bootstrap_interval, least_one_sided_p, permutation_p, sign_flip_p
 from posab.report.same_weights import same_weights_section
 from posab.report.stats import (
     EXPLORATORY,
@@ -43,6 +43,14 @@ def test_the_sign_flip_p_counts_assignments_by_hand() -> None:
     assert sign_flip_p([-1.0, -2.0, 3.0]) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="alternative 'lower'; valid: two-sided, less, greater"):
         sign_flip_p([1.0], "lower")
+
+
+@pytest.mark.parametrize("seeds", [(3, 3), (5, 5), (2, 4)])
+def test_the_least_p_of_a_design_is_what_its_test_gives_at_the_extreme(seeds: tuple[int, int]) -> None:
+    arm, reference = np.arange(seeds[0]) - 10.0, np.arange(seeds[1]) + 10.0
+    assert least_one_sided_p(*seeds, paired=False) == pytest.approx(permutation_p(arm, reference, "less"))
+    pairs = -np.arange(1.0, seeds[0] + 1)
+    assert least_one_sided_p(seeds[0], seeds[0], paired=True) == pytest.approx(sign_flip_p(pairs, "less"))
 
 
 def run(

@@ -9,6 +9,7 @@ error, exact permutation tests on the seeds (unpaired and paired), Holm's correc
 - `permutation_p`: the seed-level test of unpaired rows, on each run's mean loss over the windows (Good 2005).
 - `sign_flip_p`: the seed-level test of paired rows (the same weights, or runs matched by seed), on the
   per-seed differences of those means (Good 2005, ch. 3: the paired permutation test, every sign flipped).
+- `least_one_sided_p`: the smallest p either seed-level test can give at a number of seeds (a design's floor).
 - `holm`: Holm's (1979) step-down adjustment of a family of p-values.
 - `wilson_interval`: Wilson's (1927) score interval of a proportion k of n.
 """
@@ -195,6 +196,17 @@ def sign_flip_p(differences: Sequence[float], alternative: str = "two-sided") ->
     else:
         signs = np.random.default_rng(0).choice((1.0, -1.0), size=(PERMUTATIONS, len(values)))
     return _sided_p((signs * values).mean(axis=1), float(values.mean()), exact, alternative)
+
+
+def least_one_sided_p(arm_seeds: int, reference_seeds: int, paired: bool) -> float:
+    """The smallest one-sided p the seed-level test can give these rows, whatever their values: 2^-n for n
+    pairs (`sign_flip_p`, every difference on one side), 1 / C(a + b, a) for unpaired samples of a and b
+    (`permutation_p`, fully separated), and 1 / (1 + PERMUTATIONS) where either test samples at random."""
+    if paired:
+        return 2.0**-arm_seeds if arm_seeds <= EXACT_SPLITS else 1 / (1 + PERMUTATIONS)
+    if arm_seeds + reference_seeds <= EXACT_SPLITS:
+        return 1 / math.comb(arm_seeds + reference_seeds, arm_seeds)
+    return 1 / (1 + PERMUTATIONS)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
