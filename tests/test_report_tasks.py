@@ -86,11 +86,12 @@ def claim(row: str, reference: str, task: str, direction: str = "greater") -> Ta
     return TaskClaim("nope_study", row, reference, task, direction, "preregistered", "abc123", "a sentence")
 
 
-def test_an_ordering_is_tested_on_its_per_seed_differences() -> None:
-    """nope - rope on copy: +0.1, +0.2, +0.3 at seeds 0-2 (every length); over the mean of both tasks the
-    parity difference (+0.4 every seed) joins: (0.1 + 0.4) / 2, ... The sign-flip p of 3 positive seeds is
-    1/8, Holm over the family of 3 claims keeps the smallest at 3/8; the interval is above 0, so the verdict
-    is suggestive (3 seeds cannot make it ordered). rope vs sinusoidal on parity: 0 every seed."""
+def test_an_ordering_is_tested_on_its_task_and_seed_pairs() -> None:
+    """nope - rope on copy: +0.1, +0.2, +0.3 at seeds 0-2 (every length): 3 pairs, all positive, sign-flip
+    p 1/8. Over the mean of both tasks the parity pairs (+0.4 every seed) join: 6 pairs, p 1/64; per seed
+    (0.1 + 0.4) / 2, ... rope vs sinusoidal on parity: 0 every seed, p 1. Holm over the family of 3:
+    3/64 for the mean, 2/8 for copy. Both intervals are above 0: the mean is ordered, copy suggestive
+    (its 3 pairs cannot go below 1/8)."""
     claims = [
         claim("nope", "rope", "copy"),
         claim("nope", "rope", "mean"),
@@ -100,8 +101,11 @@ def test_an_ordering_is_tested_on_its_per_seed_differences() -> None:
     first, second, third = verdicts.itertuples()
     assert first.per_seed == "+0.100 / +0.200 / +0.300" and first.difference == pytest.approx(0.2)
     assert second.per_seed == "+0.250 / +0.300 / +0.350"
-    assert first.p == pytest.approx(1 / 8) and first.p_holm == pytest.approx(3 / 8)
+    assert (first.pairs, second.pairs) == (3, 6)
+    assert (first.p, second.p) == pytest.approx((1 / 8, 1 / 64))
+    assert (first.p_holm, second.p_holm) == pytest.approx((2 / 8, 3 / 64))
     assert 0 < first.low < first.high and first.verdict == "suggestive"
+    assert 0 < second.low < second.high and second.verdict == "ordered"
     assert third.difference == 0 and third.verdict == "indistinguishable" and third.p == 1.0
     opposite = claim_verdicts(task_runs(suite()), [claim("nope", "rope", "copy", "less")])
     assert opposite["verdict"].tolist() == ["opposite"]
@@ -134,7 +138,8 @@ def test_the_command_writes_the_report_from_a_runs_csv(
     text = (out / "tasks.md").read_text()
     assert "| nope | 0.550 (0.45 / 0.55 / 0.65) | 0.400 (0.40 / 0.40 / 0.40) |" in text
     assert "| nope | 1.000 | 0.687 |" in text  # beside the NoPE study's value
-    assert "| nope > rope | mean | +0.300 |" in text
+    assert "| nope > rope | mean | +0.300 | +0.250 / +0.300 / +0.350 | 6 |" in text
+    assert "Family `nope_study`: 1 claim(s); the least Holm p its pairs allow: 1 × 1/64 = 0.0156." in text
     assert (out / "tasks.png").read_bytes().startswith(b"\x89PNG")
     assert len(pd.read_csv(out / "runs.csv")) == 24 and len(pd.read_csv(out / "tasks.csv")) == 24
     assert main([str(tmp_path / "nothing"), "--out", str(out)]) == 2

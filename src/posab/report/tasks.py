@@ -18,13 +18,16 @@ mean over seeds per encoding, the training lengths shaded) and runs.csv.
   values, and among every encoding that ran every task.
 - Orderings: a claims file (columns `family, row, reference, task, direction, status, registered,
   statement`: encodings, a task or `mean` over the tasks both ran, `greater` or `less`) states each ordering
-  before its runs. Per seed, the difference in accuracy (the mean over tasks for `mean`; the runs of one
-  seed saw the same training examples in the same order and are scored on the same test examples): the
-  one-sided exact sign-flip test over the seeds (`posab.report.resampling`), Holm-adjusted within the
-  family, and a 95% percentile bootstrap interval that resamples the seeds and, within each task, the
-  test lengths (paired: every run is scored on the same examples at each length). Verdicts as the study's
-  claims (`posab.report.stats.verdict`). With 3 seeds the smallest one-sided sign-flip p is 1/8, so no
-  ordering can be `ordered` by the seed test: the verdict is at best `suggestive`, by its interval.
+  before its runs. The pairs are the (task, seed) cells the claim covers: the two encodings' runs of one
+  task and seed saw the same training examples in the same order and are scored on the same test
+  examples, and runs of different cells are separate trainings. Each pair's difference is the mean over
+  the unseen lengths; the one-sided sign-flip test over the pairs (`posab.report.resampling`: under the
+  null the two runs of a cell are exchangeable) gives p, Holm-adjusted within the family; a 95% percentile
+  bootstrap interval of the mean difference over tasks resamples the seeds and, within each task, the
+  test lengths (every run is scored on the same examples at each length). Verdicts as the study's claims
+  (`posab.report.stats.verdict`). A claim on one task has 3 pairs at 3 seeds, whose least p is 1/8; a
+  claim on the `mean` of six tasks has 18, so its least p is far below α (each family's floor is
+  stated). The per-seed column gives the mean over tasks at each seed.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from posab.report.claims import claims_file_lines
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
-from posab.report.resampling import holm, sign_flip_p
+from posab.report.resampling import holm, least_one_sided_p, sign_flip_p
 from posab.report.runs_csv import write_csv
 from posab.report.stats import verdict
 from posab.report.styles import encoding_colours
@@ -235,18 +238,20 @@ def bootstrap(differences: dict[str, np.ndarray]) -> tuple[float, float]:
 
 
 def claim_verdicts(found: Sequence[TaskRun], claims: Sequence[TaskClaim]) -> pd.DataFrame:
-    """Each claim's difference, per-seed differences, one-sided p, Holm within its family, interval and
-    verdict."""
+    """Each claim's difference, per-seed differences, its (task, seed) pairs, one-sided p over them, Holm
+    within its family, interval and verdict."""
     lines = []
     for claim in claims:
         differences = paired_lengths(found, claim)
-        per_seed = np.mean([values.mean(axis=1) for values in differences.values()], axis=0)  # (seeds,)
+        cells = np.stack([values.mean(axis=1) for values in differences.values()])  # (tasks, seeds)
+        per_seed = cells.mean(axis=0)  # (seeds,)
         low, high = bootstrap(differences)
         lines.append({
             "family": claim.family, "row": claim.row, "reference": claim.reference, "task": claim.task,
             "direction": claim.direction, "difference": float(per_seed.mean()),
-            "per_seed": " / ".join(f"{d:+.3f}" for d in per_seed), "low": low, "high": high,
-            "p": sign_flip_p(per_seed, claim.direction), "status": claim.status, "statement": claim.statement,
+            "per_seed": " / ".join(f"{d:+.3f}" for d in per_seed), "pairs": cells.size, "low": low,
+            "high": high, "p": sign_flip_p(cells.ravel(), claim.direction), "status": claim.status,
+            "statement": claim.statement,
         })  # fmt: skip
     frame = pd.DataFrame(lines)
     frame["p_holm"] = np.nan
@@ -311,24 +316,41 @@ def mrr_lines(frame: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
 
 
 def claims_lines(verdicts: pd.DataFrame) -> list[str]:
-    """The claims' table: each ordering, its difference per seed and overall, interval, p and verdict."""
-    body = []
-    for v in verdicts.itertuples():
-        sign = ">" if v.direction == "greater" else "<"
-        interval = f"[{v.low:+.3f}, {v.high:+.3f}]"
-        numbers = [f"{v.difference:+.3f}", v.per_seed, interval, f"{v.p:.3f}", f"{v.p_holm:.3f}"]
-        body.append([f"{v.row} {sign} {v.reference}", v.task, *numbers, v.verdict])
-    header = [
-        "claim",
-        "task",
-        "row − reference",
-        "per seed",
-        "95% interval",
-        "p (one-sided)",
-        "Holm",
-        "verdict",
-    ]
-    return markdown_table(header, body)
+    """The claims' tables, one per family with its Holm floor: each ordering, its difference per seed and
+    overall, its pairs, interval, p and verdict."""
+    lines = []
+    for family, claims in verdicts.groupby("family", sort=False):
+        least = min(least_one_sided_p(n, n, paired=True) for n in claims["pairs"])
+        floor = len(claims) * least
+        lines += [
+            f"Family `{family}`: {len(claims)} claim(s); the least Holm p its pairs allow: {len(claims)} × "
+            f"1/{round(1 / least)} = {floor:.4f}.",
+            "",
+            *markdown_table(CLAIMS_HEADER, [_claim_cells(line) for _, line in claims.iterrows()]),
+            "",
+        ]
+    return lines
+
+
+CLAIMS_HEADER = [
+    "claim",
+    "task",
+    "row − reference",
+    "per seed",
+    "pairs",
+    "95% interval",
+    "p (one-sided)",
+    "Holm",
+    "verdict",
+]
+
+
+def _claim_cells(line: pd.Series) -> list[str]:
+    sign = ">" if line["direction"] == "greater" else "<"
+    interval = f"[{line['low']:+.3f}, {line['high']:+.3f}]"
+    numbers = [f"{line['difference']:+.3f}", line["per_seed"], str(line["pairs"]), interval]
+    tests = [f"{line['p']:.4f}", f"{line['p_holm']:.4f}", line["verdict"]]
+    return [f"{line['row']} {sign} {line['reference']}", line["task"], *numbers, *tests]
 
 
 def write_tasks_report(paths: Sequence[Path], out: Path, claims_path: Path | None) -> Path:
