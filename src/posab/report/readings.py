@@ -17,7 +17,7 @@ from posab.io import write_text
 from posab.report.claims import VERDICTS_FILE, read_claims_dir
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError
-from posab.report.resampling import EXACT_SPLITS, least_one_sided_p
+from posab.report.resampling import EXACT_SPLITS, least_holm_p, least_one_sided_p
 from posab.report.stats import ALPHA, PAIRED_DESIGNS, PAIRED_METRICS
 from posab.report.verdicts import claim_verdicts, study_pool
 
@@ -57,11 +57,11 @@ def holm_floor(claims: pd.DataFrame) -> str:
     """The least Holm-adjusted p a family can reach at its claims' numbers of seeds: m claims times the least
     one-sided p of any of them (Holm's first step), whatever the runs' values; at or above ALPHA, none of
     its claims can be `ordered`."""
-    least = min(
+    leasts = [
         least_one_sided_p(line["seeds_row"], line["seeds_reference"], line["design"] in PAIRED_DESIGNS)
         for _, line in claims.iterrows()
-    )
-    floor = len(claims) * least
+    ]
+    least, floor = min(leasts), least_holm_p(leasts)
     reach = (
         f"at or above α = {ALPHA}: none of its claims can be `ordered`"
         if floor >= ALPHA

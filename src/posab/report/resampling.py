@@ -10,6 +10,7 @@ error, exact permutation tests on the seeds (unpaired and paired), Holm's correc
 - `sign_flip_p`: the seed-level test of paired rows (the same weights, or runs matched by seed), on the
   per-seed differences of those means (Good 2005, ch. 3: the paired permutation test, every sign flipped).
 - `least_one_sided_p`: the smallest p either seed-level test can give at a number of seeds (a design's floor).
+- `least_holm_p`: the least Holm-adjusted p a family of such designs can reach.
 - `holm`: Holm's (1979) step-down adjustment of a family of p-values.
 - `wilson_interval`: Wilson's (1927) score interval of a proportion k of n.
 """
@@ -207,6 +208,12 @@ def least_one_sided_p(arm_seeds: int, reference_seeds: int, paired: bool) -> flo
     if arm_seeds + reference_seeds <= EXACT_SPLITS:
         return 1 / math.comb(arm_seeds + reference_seeds, arm_seeds)
     return 1 / (1 + PERMUTATIONS)
+
+
+def least_holm_p(least_p_values: Sequence[float]) -> float:
+    """The least Holm-adjusted p a family can reach, given each claim's least one-sided p: Holm's first step,
+    m times the smallest of them; every adjusted p of the family is at least this."""
+    return len(least_p_values) * min(least_p_values)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -49,7 +49,7 @@ from posab.report.claims import claims_file_lines
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
-from posab.report.resampling import holm, least_one_sided_p, sign_flip_p
+from posab.report.resampling import holm, least_holm_p, least_one_sided_p, sign_flip_p
 from posab.report.runs_csv import write_csv
 from posab.report.stats import verdict
 from posab.report.styles import encoding_colours
@@ -320,8 +320,8 @@ def claims_lines(verdicts: pd.DataFrame) -> list[str]:
     overall, its pairs, interval, p and verdict."""
     lines = []
     for family, claims in verdicts.groupby("family", sort=False):
-        least = min(least_one_sided_p(n, n, paired=True) for n in claims["pairs"])
-        floor = len(claims) * least
+        leasts = [least_one_sided_p(n, n, paired=True) for n in claims["pairs"]]
+        least, floor = min(leasts), least_holm_p(leasts)
         lines += [
             f"Family `{family}`: {len(claims)} claim(s); the least Holm p its pairs allow: {len(claims)} × "
             f"1/{round(1 / least)} = {floor:.4f}.",
