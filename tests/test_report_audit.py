@@ -8,6 +8,7 @@ from report_runs import finished_run
 
 from posab.report.audit import audit_section
 from posab.report.cli import selected
+from posab.report.content_audit import content_audit_section
 from posab.report.grouping import group_rows
 from posab.report.records import ReportError
 
@@ -67,3 +68,28 @@ def test_the_report_keeps_the_chosen_encodings_and_experiments_and_names_a_missi
         ReportError, match="no run of encoding.s. rope; the runs have: alibi, multiscale, nope"
     ):
         selected(runs, ["rope"], None)
+
+
+def counted_run(seed: int, ppl_4096: float, past: tuple[float, float]) -> object:
+    """A CoPE run whose two heads count past their largest count at 512 in the shares `past`."""
+    metrics = {"ppl/512": 4.8, "ppl/4096": ppl_4096, "ppl_tail/4096": ppl_4096}
+    metrics |= {"audit/cope_count_max@512": 350.0, "audit/cope_count_max@4096": 2900.0}
+    metrics |= {"audit/cope_clamped@4096": 0.4, "audit/cope_past_trained@4096": sum(past) / 2}
+    metrics |= {f"audit/cope_past_trained@4096/layer0/head{h}": share for h, share in enumerate(past)}
+    return finished_run(f"cope-s{seed}", "cope", seed, "s", {"train.seq_len": "512"}, metrics)
+
+
+def test_content_audit_section_gives_each_counting_run_its_counts_and_its_largest_head() -> None:
+    runs = [counted_run(0, 16.8, (0.2, 0.6)), counted_run(1, 4.9, (0.0, 0.1))]
+    lines = content_audit_section("s", group_rows(runs)["s"])
+    assert lines[0] == "### Extrapolation audit: position counts (CoPE) (study s)"
+    rows = [line.split(" | ") for line in lines if line.startswith("| cope |")]
+    assert [r[1:4] for r in rows] == [["0", "no", "3.500"], ["1", "yes", "1.021"]]  # 16.8 / 4.8, 4.9 / 4.8
+    past_mean, past_largest = rows[0][-2], rows[0][-1].rstrip(" |")
+    assert (past_mean, past_largest) == ("0.400", "0.600")
+    assert not any("forget gates" in line for line in lines)  # no run reports FoX's gates
+
+
+def test_a_study_without_content_statistics_has_no_content_audit_section() -> None:
+    runs = [audited_run(0, (4.6, 4.6, 4.6), jump=0.0, outside=0.0, entropy=2.0)]
+    assert content_audit_section("s", group_rows(runs)["s"]) == []

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from posab.report.audit import audit_section
+from posab.report.content_audit import content_audit_section
 from posab.report.curves import plot_training_curves, trained_rows
 from posab.report.figures import plot_needle, plot_position_loss, plot_ppl_vs_length, plot_shift
 from posab.report.flat import flat_section
@@ -377,6 +378,7 @@ def write_report(
             *flat_section(study, rows),
             *same_weights_section(study, rows),
             *audit_section(study, rows),
+            *content_audit_section(study, rows),
         ]
         section += _paired_section(study, paired, references)
         lines += [f"## Study `{study}`", "", *study_table(rows), "", *section]
