@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from posab.keys import metric_key
+from posab.keys import key_lengths, metric_key
 from posab.report.flat import FlatCount, flat_count, seeds_in_order, verdict_cells
 from posab.report.grouping import Row
 from posab.report.markdown import MISSING, markdown_table
@@ -100,8 +100,7 @@ def content_audit_section(study: str, rows: Sequence[Row]) -> list[str]:
 
 
 def _reports(run: RunRecord, table: ContentTable) -> bool:
-    prefix = metric_key(table.columns[0].statistic, 1).rsplit("@", 1)[0] + "@"
-    return any(key.startswith(prefix) for key in run.metrics)
+    return bool(key_lengths(run.metrics, table.columns[0].statistic))
 
 
 def _table_lines(study: str, table: ContentTable, counts: Sequence[FlatCount]) -> list[str]:
