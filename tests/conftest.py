@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
+from hydra_plugins.posab_grid_sweeper.grid_sweeper import expand_grids
 from posab.build import build_model
 from posab.config import Config, load_config
 from posab.data import CorpusData, DataConfig, SyntheticConfig, prepare_data
@@ -52,6 +54,18 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """The config `python train.py OVERRIDES` composes. Composed once per distinct overrides (Hydra takes
     ~0.1 s a time, and the fast tier asks ~360 times for ~170 configs); each caller gets its own copy."""
     return copy.deepcopy(_composed(tuple(overrides or [])))
+
+
+def preset_jobs(name: str) -> list[list[str]]:
+    """The jobs a preset's multirun launches, each its overrides, as its sweeper expands them: the basic
+    sweeper's one product of `params` (BasicSweeper.split_arguments, as the grids sweeper's one grid), or
+    the grids sweeper's union of `grids`."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+experiment={name}"], return_hydra_config=True)
+    sweeper = cfg.hydra.sweeper
+    grids = sweeper.grids if "grids" in sweeper else [sweeper.get("params") or {}]
+    parser = OverridesParser.create()
+    return expand_grids([dict(grid.items()) for grid in grids], [], parser)
 
 
 def typed_config(overrides: list[str] | None = None) -> Config:

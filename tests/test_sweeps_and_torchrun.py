@@ -16,7 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from conftest import CONF, ENCODINGS, ROOT, isolated_env, run_train, tiny_model, typed_config
+from conftest import CONF, ENCODINGS, ROOT, isolated_env, preset_jobs, run_train, tiny_model, typed_config
 from hydra_plugins.posab_grid_sweeper.grid_sweeper import expand_grids
 from posab.sweep_lists import sweep_order
 
@@ -117,18 +117,6 @@ def test_every_experiment_grid_is_a_sweep_over_existing_options() -> None:
 def test_the_comment_test_finds_the_presets_that_claim_every_encoding() -> None:
     assert {n for n in EXPERIMENTS if claims_every_encoding(n)} >= {"encodings", "tiny_grid", "tune_lr"}
     assert not claims_every_encoding("anchors") and not claims_every_encoding("needle")
-
-
-def preset_jobs(name: str) -> list[list[str]]:
-    """The jobs a preset's multirun launches, each its overrides, as its sweeper expands them: the basic
-    sweeper's one product of `params` (BasicSweeper.split_arguments, as the grids sweeper's one grid), or
-    the grids sweeper's union of `grids`."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"+experiment={name}"], return_hydra_config=True)
-    sweeper = cfg.hydra.sweeper
-    grids = sweeper.grids if "grids" in sweeper else [sweeper.get("params") or {}]
-    parser = OverridesParser.create()
-    return expand_grids([dict(grid.items()) for grid in grids], [], parser)
 
 
 @pytest.mark.parametrize("name", [n for n in EXPERIMENTS if claims_every_encoding(n)])

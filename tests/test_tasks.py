@@ -4,13 +4,14 @@ answer, the configs of conf/task/ and the errors a bad task setting gets."""
 
 from __future__ import annotations
 
+import csv
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import CONF, typed_config
+from conftest import CONF, ROOT, preset_jobs, typed_config
 from posab.data import prepare_data
 from posab.data.config import TaskConfig
 from posab.data.tasks import TASKS, TaskExample, TaskStream, TaskTokenizer, TaskTracker, example_batch
@@ -263,23 +264,10 @@ def test_the_task_section_defaults() -> None:
     assert TaskConfig().seq_len == TASKS["copy"].tokens(20) - 1
 
 
-def tuning_jobs() -> list[list[str]]:
-    """The jobs `python train.py -m +experiment=tasks_tune` launches, as its sweeper expands them."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from hydra_plugins.posab_grid_sweeper.grid_sweeper import expand_grids
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["+experiment=tasks_tune"], return_hydra_config=True)
-    grids = [dict(grid.items()) for grid in cfg.hydra.sweeper.grids]
-    return expand_grids(grids, [], OverridesParser.create())
-
-
 def test_the_tuning_preset_gives_every_encoding_the_same_rates_on_the_same_tasks() -> None:
     """Equal effort: every encoding of the suite at lr 1e-3, 3e-3 and 6e-3 on copy and addition, seed 0
     (the hierarchical bias on addition alone: copy has no structure)."""
-    jobs = [dict(o.split("=", 1) for o in job) for job in tuning_jobs()]
+    jobs = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks_tune")]
     by_encoding: dict[str, set[tuple[str, str]]] = {}
     for job in jobs:
         by_encoding.setdefault(job["encoding"], set()).add((job["task"], job["train.lr"]))
@@ -304,3 +292,28 @@ def test_the_tuning_preset_gives_every_encoding_the_same_rates_on_the_same_tasks
     assert all(job.get("encoding.clamp") == "train" for job in jobs if job["encoding"] == "multiscale")
     randomized = [job for job in jobs if job["encoding"].startswith("randomized_")]
     assert randomized and all(job.get("encoding.eval_positions") == "sampled" for job in randomized)
+
+
+def test_the_grid_runs_each_tuned_encoding_at_its_pick_on_each_task_for_3_seeds() -> None:
+    """Issue 44's grid (`+experiment=tasks`): each encoding of the tuning at its pick in
+    results/tasks/tuning/picks.csv, on the six tasks (the hierarchical bias on addition and summation, whose
+    operands are its sentences), seeds 0-2, the multi-scale bias clamped and randomized positions scored at
+    sampled positions, as they were tuned."""
+    with (ROOT / "results" / "tasks" / "tuning" / "picks.csv").open() as file:
+        picks = {row["encoding"]: row for row in csv.DictReader(file)}
+    jobs = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks")]
+    six = {"copy", "reverse", "sort", "addition", "parity", "summation"}
+    expected = {
+        (encoding, task, str(seed))
+        for encoding in picks
+        for task in ({"addition", "summation"} if encoding == "hierarchical" else six)
+        for seed in range(3)
+    }
+    assert sorted((j["encoding"], j["task"], j["seed"]) for j in jobs) == sorted(expected)
+    for job in jobs:
+        assert float(job["train.lr"]) == float(picks[job["encoding"]]["lr"]), job
+        assert float(picks[job["encoding"]]["lr_mult"]) == 1.0 and "encoding.lr_mult" not in job, job
+        assert (job.get("encoding.clamp") == "train") == (job["encoding"] == "multiscale"), job
+        assert (job.get("encoding.eval_positions") == "sampled") == job["encoding"].startswith("randomized_")
+    tuned = {dict(o.split("=", 1) for o in job)["encoding"] for job in preset_jobs("tasks_tune")}
+    assert set(picks) == tuned
