@@ -12,10 +12,13 @@ from report_runs import finished_run
 
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
+from posab.report.styles import encoding_colours
 from posab.report.tasks import (
     TaskClaim,
+    accuracy_figure,
     claim_verdicts,
     frame_of,
+    line_styles,
     main,
     mrr,
     read_task_claims,
@@ -155,3 +158,21 @@ def test_the_suite_s_claims_file_reads_and_names_encodings_and_tasks_that_exist(
     assert all(
         c.row in ENCODINGS and c.reference in ENCODINGS and c.status == "preregistered" for c in claims
     )
+
+
+def test_the_figure_draws_each_encoding_once_in_its_legend_and_tells_them_apart() -> None:
+    """Every configured encoding on two tasks, one encoding on the second task only: the legend has each
+    encoding once, even one absent from the first panel, and no two share both colour and line style
+    (the palette repeats past its colours)."""
+    from conftest import ENCODINGS
+
+    runs = [task_run(e, "copy", 0, [0.5, 0.1, 0.0, 0.0]) for e in ENCODINGS]
+    runs += [task_run(e, "parity", 0, [0.2, 0.0]) for e in [*ENCODINGS, "only_on_parity"]]
+    figure = accuracy_figure(task_runs(runs))
+    (legend,) = figure.legends
+    names = [text.get_text() for text in legend.get_texts()]
+    assert sorted(names) == sorted([*ENCODINGS, "only_on_parity"])
+    colours = encoding_colours(names)
+    styles = line_styles(colours)
+    looks = {(tuple(colours[n]), str(styles[n])) for n in names}
+    assert len(looks) == len(names) and len(set(map(tuple, colours.values()))) < len(names)

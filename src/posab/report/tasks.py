@@ -38,6 +38,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -52,7 +53,7 @@ from posab.report.records import ReportError, RunRecord
 from posab.report.resampling import holm, least_holm_p, least_one_sided_p, sign_flip_p
 from posab.report.runs_csv import write_csv
 from posab.report.stats import verdict
-from posab.report.styles import encoding_colours
+from posab.report.styles import LINE_STYLES, encoding_colours
 
 TASK, TRAIN_LENGTHS = "data.task.name", "data.task.train_lengths"
 UNSEEN, SEEN = metric_key("exact_unseen"), metric_key("exact_seen")
@@ -268,13 +269,28 @@ def claim_verdict(line: object) -> str:
     return verdict(claimed, other, line.p_holm)  # type: ignore[attr-defined]
 
 
+def line_styles(colours: dict[str, Any]) -> dict[str, Any]:
+    """A line style per encoding: solid, and the next style for each earlier encoding (sorted) of the
+    same colour, since the palette repeats past its colours and a suite can draw more encodings."""
+    drawn: dict[tuple[float, ...], int] = {}
+    styles = {}
+    for encoding in sorted(colours):
+        colour = tuple(colours[encoding])
+        styles[encoding] = LINE_STYLES[drawn.get(colour, 0) % len(LINE_STYLES)]
+        drawn[colour] = drawn.get(colour, 0) + 1
+    return styles
+
+
 def accuracy_figure(found: Sequence[TaskRun]) -> Figure:
-    """Exact match against instance length, a panel per task, the mean over seeds per encoding."""
+    """Exact match against instance length, a panel per task, the mean over seeds per encoding; one
+    legend for every encoding of any panel."""
     tasks = sorted({r.task for r in found})
     colours = encoding_colours(sorted({r.encoding for r in found}))
+    styles = line_styles(colours)
     columns = min(3, len(tasks))
     rows = math.ceil(len(tasks) / columns)
     fig = new_figure(5.0 * columns, 3.6 * rows, layout="constrained")
+    legend: dict[str, Any] = {}
     for index, task in enumerate(tasks):
         ax = fig.add_subplot(rows, columns, index + 1)
         runs = [r for r in found if r.task == task]
@@ -284,9 +300,12 @@ def accuracy_figure(found: Sequence[TaskRun]) -> Figure:
             mine = [r.by_length for r in runs if r.encoding == encoding]
             lengths = sorted(mine[0])
             mean = [np.mean([m[n] for m in mine]) for n in lengths]
-            ax.plot(lengths, mean, color=colours[encoding], label=encoding, linewidth=1.2)
+            style = {"color": colours[encoding], "linestyle": styles[encoding], "linewidth": 1.2}
+            (line,) = ax.plot(lengths, mean, **style)
+            legend.setdefault(encoding, line)
         ax.set(title=task, xlabel="instance length n", ylabel="exact match", ylim=(-0.02, 1.02))
-    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=7)
+    names = sorted(legend)
+    fig.legend([legend[n] for n in names], names, loc="outside right upper", fontsize=7)
     return fig
 
 
