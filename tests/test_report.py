@@ -15,6 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, run_train
+from posab.paths import encoding_names
 from posab.report import main
 from posab.report.curves import plot_training_curves, trained_rows
 from posab.report.document import copy_configs
@@ -24,7 +25,7 @@ from posab.report.records import ReportError, RunRecord
 from posab.report.rundirs import load_run
 from posab.report.runs_csv import load_csv, write_csv
 from posab.report.stats import curve_band
-from posab.report.styles import line_styles
+from posab.report.styles import PALETTE, encoding_colours, line_styles
 
 FAILED_RUN = "0_encoding=alibi,train.lr=-1"
 FAILED_ERROR = "ConfigError: train.lr=-1.0 must be positive"
@@ -359,6 +360,20 @@ def test_every_row_of_a_panel_has_its_colour_the_first_variant_its_encodings() -
     assert styles["alibi"]["linestyle"] == styles["rope"]["linestyle"] == "-"  # no variant: solid
     alone = line_styles({"rope": rows["rope"]})  # an encoding keeps its colour in another report
     assert alone["rope"]["color"] == styles["rope"]["color"]
+
+
+def test_two_encodings_the_palette_gives_one_colour_get_two_in_a_panel() -> None:
+    """The palette repeats past its colours: the later of two such encodings in one panel takes a spare."""
+    names = encoding_names()
+    first, wrapped = names[0], names[len(PALETTE)]
+    assert encoding_colours([first])[first] == encoding_colours([wrapped])[wrapped]
+    rows = {
+        row.label: row
+        for row in group_rows([record(e, 0, {"ppl/64": 5.0}) for e in (first, wrapped)])["ablation"]
+    }
+    styles = line_styles(rows)
+    assert styles[first]["color"] == encoding_colours([first])[first]
+    assert styles[wrapped]["color"] != styles[first]["color"]
 
 
 def test_an_option_every_encoding_has_is_compared_across_encodings() -> None:

@@ -12,13 +12,12 @@ from report_runs import finished_run
 
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
-from posab.report.styles import encoding_colours
+from posab.report.styles import encoding_colours, shared_colour_styles
 from posab.report.tasks import (
     TaskClaim,
     accuracy_figure,
     claim_verdicts,
     frame_of,
-    line_styles,
     main,
     mrr,
     read_task_claims,
@@ -173,6 +172,6 @@ def test_the_figure_draws_each_encoding_once_in_its_legend_and_tells_them_apart(
     names = [text.get_text() for text in legend.get_texts()]
     assert sorted(names) == sorted([*ENCODINGS, "only_on_parity"])
     colours = encoding_colours(names)
-    styles = line_styles(colours)
+    styles = shared_colour_styles(colours)
     looks = {(tuple(colours[n]), str(styles[n])) for n in names}
     assert len(looks) == len(names) and len(set(map(tuple, colours.values()))) < len(names)

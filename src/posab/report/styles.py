@@ -9,8 +9,11 @@ legend to its right; all panels share one y axis so that they compare.
 Colours: within a panel every row has its own colour. The first variant of each encoding (study first,
 then the label without the encoding; usually "no swept value") takes the encoding's colour, which follows
 the encodings with a config file (`conf/encoding/*.yaml`, sorted), then any other encoding, so that an
-encoding keeps its colour from one figure and report to the next; the encoding's other rows take the
-palette's colours no row of the panel has. The line style follows the variant, as a second cue.
+encoding keeps its colour from one figure and report to the next; the encoding's other rows, and the
+first variant of an encoding the palette (18 colours, repeating) gave a colour an earlier row of the panel
+has, take the palette's colours no row of the panel has. The line style follows the variant, as a second
+cue. A panel of more encodings than colours (the task suite's) tells encodings of one colour apart by line
+style instead (`shared_colour_styles`).
 
 Ticks: a log axis is labelled at enough round values to read it (`log_ticks`), lengths at the lengths
 evaluated (`length_axis`).
@@ -83,7 +86,10 @@ def line_styles(rows: Mapping[str, Row]) -> dict[str, dict[str, Any]]:
     of them has (the encoding's own for its first variant) and a `linestyle` by variant rank."""
     ranks = _variant_ranks(rows)
     own = encoding_colours(row.encoding for row in rows.values())
-    colours = {name: own[row.encoding] for name, row in rows.items() if ranks[name] == 0}
+    colours: dict[str, Any] = {}
+    for name in sorted(rows, key=natural_key):  # the palette repeats: an encoding it gave a taken colour
+        if ranks[name] == 0 and own[rows[name].encoding] not in colours.values():  # takes a spare one
+            colours[name] = own[rows[name].encoding]
     spare = iter(c for c in PALETTE if c not in colours.values())
     for name in sorted(rows, key=lambda n: (ranks[n], natural_key(n))):
         colours.setdefault(name, next(spare, "black"))
@@ -91,6 +97,18 @@ def line_styles(rows: Mapping[str, Row]) -> dict[str, dict[str, Any]]:
         name: {"color": colours[name], "linestyle": LINE_STYLES[ranks[name] % len(LINE_STYLES)]}
         for name in rows
     }
+
+
+def shared_colour_styles(colours: Mapping[str, Any]) -> dict[str, Any]:
+    """A line style per name, for a panel of more names than the palette has colours: solid, and the next
+    style for each earlier name (sorted) of the same colour, so that no two share both."""
+    drawn: dict[tuple[float, ...], int] = {}
+    styles = {}
+    for name in sorted(colours, key=natural_key):
+        colour = tuple(colours[name])
+        styles[name] = LINE_STYLES[drawn.get(colour, 0) % len(LINE_STYLES)]
+        drawn[colour] = drawn.get(colour, 0) + 1
+    return styles
 
 
 def facets(rows: Mapping[str, Row], size: int = MAX_SERIES) -> list[dict[str, Row]]:

@@ -53,7 +53,7 @@ from posab.report.records import ReportError, RunRecord
 from posab.report.resampling import holm, least_holm_p, least_one_sided_p, sign_flip_p
 from posab.report.runs_csv import write_csv
 from posab.report.stats import verdict
-from posab.report.styles import LINE_STYLES, encoding_colours
+from posab.report.styles import encoding_colours, shared_colour_styles
 
 TASK, TRAIN_LENGTHS = "data.task.name", "data.task.train_lengths"
 UNSEEN, SEEN = metric_key("exact_unseen"), metric_key("exact_seen")
@@ -269,24 +269,12 @@ def claim_verdict(line: object) -> str:
     return verdict(claimed, other, line.p_holm)  # type: ignore[attr-defined]
 
 
-def line_styles(colours: dict[str, Any]) -> dict[str, Any]:
-    """A line style per encoding: solid, and the next style for each earlier encoding (sorted) of the
-    same colour, since the palette repeats past its colours and a suite can draw more encodings."""
-    drawn: dict[tuple[float, ...], int] = {}
-    styles = {}
-    for encoding in sorted(colours):
-        colour = tuple(colours[encoding])
-        styles[encoding] = LINE_STYLES[drawn.get(colour, 0) % len(LINE_STYLES)]
-        drawn[colour] = drawn.get(colour, 0) + 1
-    return styles
-
-
 def accuracy_figure(found: Sequence[TaskRun]) -> Figure:
     """Exact match against instance length, a panel per task, the mean over seeds per encoding; one
     legend for every encoding of any panel."""
     tasks = sorted({r.task for r in found})
     colours = encoding_colours(sorted({r.encoding for r in found}))
-    styles = line_styles(colours)
+    styles = shared_colour_styles(colours)
     columns = min(3, len(tasks))
     rows = math.ceil(len(tasks) / columns)
     fig = new_figure(5.0 * columns, 3.6 * rows, layout="constrained")
