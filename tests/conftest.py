@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +56,21 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     return copy.deepcopy(_composed(tuple(overrides or [])))
 
 
-def preset_jobs(name: str) -> list[list[str]]:
-    """The jobs a preset's multirun launches, each its overrides, as its sweeper expands them: the basic
-    sweeper's one product of `params` (BasicSweeper.split_arguments, as the grids sweeper's one grid), or
-    the grids sweeper's union of `grids`."""
+def preset_grids(name: str) -> list[dict[str, Any]]:
+    """A preset's grids, values as its sweeper receives them (YAML null as None): the grids sweeper's
+    `grids`, or the basic sweeper's `params` as one grid (BasicSweeper.split_arguments takes one product)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"+experiment={name}"], return_hydra_config=True)
     sweeper = cfg.hydra.sweeper
     grids = sweeper.grids if "grids" in sweeper else [sweeper.get("params") or {}]
+    return [dict(grid.items()) for grid in grids]
+
+
+def preset_jobs(name: str, overrides: Sequence[str] = ()) -> list[list[str]]:
+    """The jobs `python train.py -m +experiment=NAME OVERRIDES` launches, each its overrides, as its
+    sweeper expands them (a command-line override narrows or extends every grid)."""
     parser = OverridesParser.create()
-    return expand_grids([dict(grid.items()) for grid in grids], [], parser)
+    return expand_grids(preset_grids(name), parser.parse_overrides(list(overrides)), parser)
 
 
 def typed_config(overrides: list[str] | None = None) -> Config:

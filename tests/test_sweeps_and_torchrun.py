@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -16,7 +15,17 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from conftest import CONF, ENCODINGS, ROOT, isolated_env, preset_jobs, run_train, tiny_model, typed_config
+from conftest import (
+    CONF,
+    ENCODINGS,
+    ROOT,
+    isolated_env,
+    preset_grids,
+    preset_jobs,
+    run_train,
+    tiny_model,
+    typed_config,
+)
 from hydra_plugins.posab_grid_sweeper.grid_sweeper import expand_grids
 from posab.sweep_lists import sweep_order
 
@@ -143,16 +152,8 @@ def test_launchers_compose(launcher: str, target: str) -> None:
         assert cfg.hydra.launcher.n_jobs == 2
 
 
-def preset_grids(name: str) -> list[dict[str, Any]]:
-    """The preset's `hydra.sweeper.grids`, values as the sweeper receives them (YAML null as None)."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"+experiment={name}"], return_hydra_config=True)
-    return [dict(grid.items()) for grid in cfg.hydra.sweeper.grids]
-
-
 def test_the_pg_books_study_covers_every_encoding_x_3_seeds_and_its_ablations() -> None:
-    parser = OverridesParser.create()
-    jobs = expand_grids(preset_grids("pg_books_cpu"), parser.parse_overrides(["data.path=books"]), parser)
+    jobs = preset_jobs("pg_books_cpu", ["data.path=books"])
     every_encoding = set(STUDY_TEN)  # the ten encodings of its time
     main = [job for job in jobs if not any(o.startswith(("data.anchors=", "encoding.")) for o in job)]
     ablation = [job for job in jobs if "data.anchors=False" in job]
@@ -168,8 +169,7 @@ def test_the_pg_books_study_covers_every_encoding_x_3_seeds_and_its_ablations() 
 
 
 def test_tune_lr_gives_every_encoding_the_same_lr_grid_and_lr_mult_where_it_has_parameters() -> None:
-    parser = OverridesParser.create()
-    jobs = expand_grids(preset_grids("tune_lr"), [], parser)
+    jobs = preset_jobs("tune_lr")
     settings: dict[str, set[tuple[str, str]]] = {}  # encoding -> {(train.lr, encoding.lr_mult)}
     for job in jobs:
         values = dict(o.split("=", 1) for o in job)
@@ -191,8 +191,7 @@ def test_tune_lr_gives_every_encoding_the_same_lr_grid_and_lr_mult_where_it_has_
 
 
 def test_grid_sweeper_drops_a_job_an_earlier_grid_has() -> None:
-    parser = OverridesParser.create()
-    jobs = expand_grids(preset_grids("pg_books_cpu"), parser.parse_overrides(["data.anchors=false"]), parser)
+    jobs = preset_jobs("pg_books_cpu", ["data.anchors=false"])
     assert len(jobs) == 36 and len({tuple(sorted(job)) for job in jobs}) == 36
 
 
@@ -212,7 +211,7 @@ def test_a_command_line_value_of_a_key_a_grid_sets_selects_among_its_values() ->
         grid["encoding"] for grid in grids if float(grid["train.lr"]) == 3e-3
     }
     with pytest.raises(HydraException, match=r"matches the command line: train.lr=0.01"):
-        expand_grids(preset_grids("study_tune"), parser.parse_overrides(["train.lr=0.01"]), parser)
+        preset_jobs("study_tune", ["train.lr=0.01"])
 
 
 @pytest.mark.e2e
@@ -257,7 +256,7 @@ def test_the_main_study_runs_every_encoding_x_5_seeds_at_its_tuned_picks() -> No
         staged = job["encoding"] in STUDY_CORE
         assert job.get("passkey.enabled", "False") == job.get("eval.needle.enabled", "False") == str(staged)
     assert sorted(job["seed"] for job in jobs) == sorted(["0", "1", "2", "3", "4"] * len(STUDY_TEN))
-    one_seed = expand_grids(preset_grids("study_main"), parser.parse_overrides(["seed=1"]), parser)
+    one_seed = preset_jobs("study_main", ["seed=1"])
     assert len(one_seed) == len(STUDY_TEN)  # `seed=N` on the command line: one seed per sweep
     for job in one_seed:
         cfg = typed_config(["+experiment=study_main", *job])
@@ -266,8 +265,7 @@ def test_the_main_study_runs_every_encoding_x_5_seeds_at_its_tuned_picks() -> No
 
 def main_grid_jobs() -> dict[str, dict[str, str]]:
     """study_main's seed-0 job of each encoding, as {key: value}."""
-    parser = OverridesParser.create()
-    jobs = expand_grids(preset_grids("study_main"), parser.parse_overrides(["seed=0"]), parser)
+    jobs = preset_jobs("study_main", ["seed=0"])
     return {job["encoding"]: job for job in (dict(o.split("=", 1) for o in j) for j in jobs)}
 
 
@@ -275,10 +273,7 @@ def test_the_structure_ablation_completes_the_main_grids_arms_at_their_picks() -
     """Part 5: hierarchical levels x anchors and multiscale anchors off, seeds 0 and 1, each at the main
     grid's picks for its encoding; with the main grid's own runs (all levels, anchors on) the arms are
     complete, and the runs join the main study, so they are paired with those runs."""
-    parser = OverridesParser.create()
-    jobs = [
-        dict(o.split("=", 1) for o in j) for j in expand_grids(preset_grids("study_structure"), [], parser)
-    ]
+    jobs = [dict(o.split("=", 1) for o in j) for j in preset_jobs("study_structure")]
     main = main_grid_jobs()
     arms = {(j["encoding"], j.get("encoding.levels", ""), j["data.anchors"]) for j in jobs}
     levels = ("[token]", "[token,sentence]", "[token,sentence,paragraph]")
@@ -304,11 +299,7 @@ def test_the_extrapolation_ablation_varies_one_option_of_the_main_grids_multisca
     """Issue 28, part 2: five arms x seeds 0-4, each the main grid's multiscale job with one option changed,
     joining the main study so that each is paired with the main grid's multiscale and ALiBi runs; and the
     clamp on the hierarchical bias's token level, seeds 0-2, at the main grid's hierarchical picks."""
-    parser = OverridesParser.create()
-    every = [
-        dict(o.split("=", 1) for o in j)
-        for j in expand_grids(preset_grids("study_extrapolation"), [], parser)
-    ]
+    every = [dict(o.split("=", 1) for o in j) for j in preset_jobs("study_extrapolation")]
     jobs = [j for j in every if j["encoding"] == "multiscale"]
     hierarchical = [j for j in every if j["encoding"] == "hierarchical"]
     assert sorted(j["seed"] for j in hierarchical) == ["0", "1", "2"]
@@ -346,8 +337,7 @@ def test_the_extrapolation_ablation_varies_one_option_of_the_main_grids_multisca
 def test_the_dape_rows_run_at_their_bases_picks_and_join_the_main_study() -> None:
     """Issue 28, part 3: DAPE on ALiBi and on the multi-scale bias, seeds 0-2, each at its base's main-grid
     rate and lr_mult (DAPE was not tuned), paired with the main grid's runs (logger.group study_main)."""
-    parser = OverridesParser.create()
-    jobs = [dict(o.split("=", 1) for o in j) for j in expand_grids(preset_grids("study_dape"), [], parser)]
+    jobs = [dict(o.split("=", 1) for o in j) for j in preset_jobs("study_dape")]
     main = main_grid_jobs()
     assert sorted((j["encoding"], j["seed"]) for j in jobs) == [
         (e, s) for e in ("dape_alibi", "dape_multiscale") for s in "012"
@@ -367,8 +357,7 @@ def test_the_dape_rows_run_at_their_bases_picks_and_join_the_main_study() -> Non
 
 
 def test_the_subword_arm_runs_the_core_encodings_with_bpe_at_their_picks() -> None:
-    parser = OverridesParser.create()
-    jobs = [dict(o.split("=", 1) for o in j) for j in expand_grids(preset_grids("study_bpe"), [], parser)]
+    jobs = [dict(o.split("=", 1) for o in j) for j in preset_jobs("study_bpe")]
     main = main_grid_jobs()
     assert sorted(j["encoding"] for j in jobs) == sorted(STUDY_CORE) and {j["seed"] for j in jobs} == {"0"}
     for job in jobs:
@@ -390,10 +379,7 @@ def test_the_frontier_part_runs_each_encoding_at_its_committed_picks_beside_the_
     """Issue 43, part 10: the frontier encodings at results/study/tuning_frontier/picks.csv, RoPE and ALiBi at
     their part-2 picks and the clamped multi-scale bias at the multi-scale bias's, seeds 0-4, under one
     experiment (the claims' selectors), randomized positions scored sampled as they were tuned."""
-    parser = OverridesParser.create()
-    jobs = [
-        dict(o.split("=", 1) for o in j) for j in expand_grids(preset_grids("study_frontier"), [], parser)
-    ]
+    jobs = [dict(o.split("=", 1) for o in j) for j in preset_jobs("study_frontier")]
     path = ROOT / "results" / "study" / "tuning_frontier" / "picks.csv"
     picks = {row["encoding"]: row for row in csv.DictReader(path.open())}
     main = main_grid_jobs()
