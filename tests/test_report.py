@@ -362,6 +362,25 @@ def test_every_row_of_a_panel_has_its_colour_the_first_variant_its_encodings() -
     assert alone["rope"]["color"] == styles["rope"]["color"]
 
 
+def test_a_label_names_a_task_and_leaves_out_the_lengths_it_sets_unless_one_task_varies_them() -> None:
+    def task_run(task: str, seed: int, lengths: str, seq_len: str, lr: str = "0.001") -> RunRecord:
+        keys = {"data.task.name": task, "data.task.train_lengths": lengths, "data.task.seq_len": seq_len}
+        return record("nope", seed, {"val_loss": 1.0}, **keys, **{"train.seq_len": seq_len, "train.lr": lr})
+
+    runs = [task_run("copy", 0, "[1, 20]", "42"), task_run("copy", 1, "[1, 20]", "42")]
+    runs += [task_run("reverse", 0, "[1, 20]", "42"), task_run("parity", 0, "[1, 8]", "11", "0.003")]
+    labels = [row.label for row in group_rows(runs)["ablation"]]
+    assert labels == [
+        "nope, data.task.name=copy, train.lr=0.001",
+        "nope, data.task.name=parity, train.lr=0.003",  # a setting the task does not set stays
+        "nope, data.task.name=reverse, train.lr=0.001",
+    ]
+    runs.append(task_run("copy", 0, "[1, 10]", "22"))  # copy at two training ranges: its lengths show
+    labels = [row.label for row in group_rows(runs)["ablation"]]
+    lengths = "data.task.seq_len=22, data.task.train_lengths=[1, 10], train.lr=0.001, train.seq_len=22"
+    assert f"nope, data.task.name=copy, {lengths}" in labels and len(labels) == 4
+
+
 def test_two_encodings_the_palette_gives_one_colour_get_two_in_a_panel() -> None:
     """The palette repeats past its colours: the later of two such encodings in one panel takes a spare."""
     names = encoding_names()

@@ -3,7 +3,8 @@
 A swept value is a config key whose value differs between the finished runs of the study (for
 `encoding.*` hyper-parameters: between finished runs of the same encoding), except the seed and keys that
 do not change the experiment (`IGNORED_KEYS`). A RoPE run evaluated with scalings also gives one row per
-scaling (`rope + pi`).
+scaling (`rope + pi`). A label names an algorithmic task (`data.task.name=copy`) and leaves out the
+lengths the task's config sets, unless one task ran at several (`set_by_task`).
 
 The resolved precision is part of a run's identity: `train.precision: auto` resolves to bf16 on a CPU with
 AVX-512 bf16 and to fp32 elsewhere, so a study continued on another machine may hold both. Runs of
@@ -46,6 +47,9 @@ IGNORED_KEYS = (
 # shift numbers (those measure the model before the passkey stage, results.json's `eval_source`), and a run
 # with one off has no needle numbers (— in its row). So they make no label, but one row never mixes values.
 MEASUREMENT_SWITCHES = ("passkey.enabled", "eval.needle.enabled")
+# An algorithmic task's name, and the keys its config sets (conf/task/*.yaml; train.seq_len interpolates
+# data.task.seq_len): a label names the task, and those keys only where one task ran with several values.
+TASK_NAME, TASK_KEYS = "data.task.name", ("data.task.", "train.seq_len")
 PRECISION = "precision"  # the RunRecord.info key of the precision the run resolved (bf16, fp32)
 
 
@@ -117,7 +121,19 @@ def label_keys(runs: Sequence[RunRecord], keys: Sequence[str]) -> dict[str, list
             constants = {next(iter(v)) for v in per_encoding.values() if len(v) == 1}
             if encoding in per_encoding and (len(per_encoding[encoding]) > 1 or len(constants) > 1):
                 shown.setdefault(encoding, []).append(key)
-    return shown
+    named = set_by_task(runs, keys)
+    return {e: [k for k in mine if k not in named or TASK_NAME not in mine] for e, mine in shown.items()}
+
+
+def set_by_task(runs: Sequence[RunRecord], keys: Sequence[str]) -> set[str]:
+    """The swept keys a task's config sets (TASK_KEYS) that take one value per task name in these runs:
+    "copy" says its lengths, so a label that names the task leaves them out."""
+    per_task: dict[str, set[tuple[str, str]]] = {}
+    for run in runs:
+        for key in keys:
+            if key != TASK_NAME and key.startswith(TASK_KEYS) and key in run.config:
+                per_task.setdefault(key, set()).add((run.config.get(TASK_NAME, ""), run.config[key]))
+    return {key for key, pairs in per_task.items() if len(pairs) == len({task for task, _ in pairs})}
 
 
 def run_label(run: RunRecord, keys: Sequence[str], precision: bool = False) -> str:
