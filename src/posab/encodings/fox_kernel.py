@@ -175,10 +175,13 @@ class ForgettingAttention(torch.autograd.Function):
 
 def decay_score_mod(cum: Tensor, offset: int) -> ScoreMod:
     """score + (c_i - c_j) read from c (B, H, n) inside FlexAttention, query row r at key position
-    offset + r; the difference first, in c's float32."""
+    offset + r; the difference first, in c's float32. The keys read a copy of c: FlexAttention's backward
+    takes the gradient of a captured tensor read once per score (two reads of one tensor that needs a
+    gradient fail to compile: InductorError, torch 2.11 on CUDA, `posab check-device`)."""
+    keys_cum = cum.clone()  # (B, H, n)
 
     def decay(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return score + (cum[b, h, q_idx + offset] - cum[b, h, kv_idx])
+        return score + (cum[b, h, q_idx + offset] - keys_cum[b, h, kv_idx])
 
     return decay
 
