@@ -14,6 +14,8 @@ from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
 from posab.report.styles import encoding_colours, shared_colour_styles
 from posab.report.tasks import (
+    TASK_BEGIN,
+    TASK_END,
     TaskClaim,
     accuracy_figure,
     claim_verdicts,
@@ -145,6 +147,36 @@ def test_the_command_writes_the_report_from_a_runs_csv(
     assert (out / "tasks.png").read_bytes().startswith(b"\x89PNG")
     assert len(pd.read_csv(out / "runs.csv")) == 24 and len(pd.read_csv(out / "tasks.csv")) == 24
     assert main([str(tmp_path / "nothing"), "--out", str(out)]) == 2
+
+
+def test_write_rewrites_each_reading_s_claims_block_and_a_file_without_one_loses_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_csv(suite(), tmp_path / "runs.csv")
+    claims = tmp_path / "claims.csv"
+    pd.DataFrame([vars(claim("nope", "rope", "mean"))]).to_csv(claims, index=False)
+    reading, plain = tmp_path / "README.md", tmp_path / "plain.md"
+    reading.write_text(f"intro\n{TASK_BEGIN}\nstale\n{TASK_END}\noutro\n")
+    plain.write_text("no block here\n")
+    out = tmp_path / "out"
+    command = [str(tmp_path), "--out", str(out), "--claims", str(claims)]
+    assert main([*command, "--write", str(reading), str(plain)]) == 2
+    assert "plain.md: no claims block" in capsys.readouterr().err
+    assert "stale" in reading.read_text() and plain.read_text() == "no block here\n"
+    assert not (out / "tasks.md").exists()
+    assert main([*command, "--write", str(reading)]) == 0
+    text = reading.read_text()
+    verdicts = pd.read_csv(out / "claims_verdicts.csv")
+    block = text.split(TASK_BEGIN, 1)[1].split(TASK_END, 1)[0].strip("\n")
+    assert text.startswith("intro\n") and text.endswith("outro\n") and "stale" not in text
+    assert (
+        "| nope > rope | mean | +0.300 |" in block
+        and "Family `nope_study` (preregistered; registered: abc123)." in block
+    )
+    assert (
+        verdicts["verdict"].tolist() == ["ordered"] and "**ordered**" not in block and "| ordered |" in block
+    )
+    assert main([str(tmp_path), "--out", str(out), "--write", str(reading)]) == 2  # no claims to write
 
 
 def test_the_suite_s_claims_file_reads_and_names_encodings_and_tasks_that_exist() -> None:

@@ -101,14 +101,14 @@ def _cells(line: pd.Series) -> list[str]:
     ]
 
 
-def replace_block(text: str, block: Sequence[str], where: str) -> str:
-    """`text` with the lines between BEGIN and END replaced by `block`; an error naming `where` when the
-    markers are missing."""
-    if BEGIN not in text or END not in text:
-        raise ReportError(f"{where}: no claims block (a line `{BEGIN}` and a line `{END}`)")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return head + BEGIN + "\n" + "\n".join(block) + "\n" + END + tail
+def replace_block(text: str, block: Sequence[str], where: str, begin: str = BEGIN, end: str = END) -> str:
+    """`text` with the lines between `begin` and `end` replaced by `block`; an error naming `where` when
+    the markers are missing."""
+    if begin not in text or end not in text:
+        raise ReportError(f"{where}: no claims block (a line `{begin}` and a line `{end}`)")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return head + begin + "\n" + "\n".join(block) + "\n" + end + tail
 
 
 def main(argv: Sequence[str] | None = None) -> int:
