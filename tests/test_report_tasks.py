@@ -163,7 +163,7 @@ def test_write_rewrites_each_reading_s_claims_block_and_a_file_without_one_loses
     assert main([*command, "--write", str(reading), str(plain)]) == 2
     assert "plain.md: no claims block" in capsys.readouterr().err
     assert "stale" in reading.read_text() and plain.read_text() == "no block here\n"
-    assert not (out / "tasks.md").exists()
+    assert not out.exists()  # nothing written
     assert main([*command, "--write", str(reading)]) == 0
     text = reading.read_text()
     verdicts = pd.read_csv(out / "claims_verdicts.csv")

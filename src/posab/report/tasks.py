@@ -395,23 +395,21 @@ def claims_block(verdicts: pd.DataFrame) -> list[str]:
     return [*heads, "", *claims_lines(verdicts), "Legend:", "", *(f"- {item}" for item in CLAIMS_LEGEND)]
 
 
-def write_tasks_report(
-    paths: Sequence[Path], out: Path, claims_path: Path | None, readings: Sequence[Path] = ()
-) -> Path:
-    """Every file of the report into `out`; with `readings`, their claims blocks rewritten (each read and
-    checked for its block before anything is written)."""
-    if readings and claims_path is None:
-        raise ReportError("--write needs --claims: the block it rewrites holds the claims' verdicts")
-    runs = collect_runs(paths)
-    found = task_runs(runs)
-    frame = frame_of(found)
-    out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out / "tasks.csv", index=False)
-    write_csv([r for r in runs if r.finished and TASK in r.config], out / "runs.csv")
-    figure = save_figure(accuracy_figure(found), out / "tasks.png")
-    mrr_text, mrr_table = mrr_lines(frame)
-    mrr_table.to_csv(out / "mrr.csv", index_label="encoding")
-    lines = [
+def tested_claims(
+    found: Sequence[TaskRun], tasks: Sequence[str], claims_path: Path, readings: Sequence[Path]
+) -> tuple[pd.DataFrame, dict[Path, str]]:
+    """The claims' verdicts, and each reading's text with its claims block rewritten (not yet written)."""
+    verdicts = claim_verdicts(found, read_task_claims(claims_path, tasks))
+    block = claims_block(verdicts)
+    texts = {
+        p: replace_block(p.read_text(encoding="utf-8"), block, str(p), TASK_BEGIN, TASK_END) for p in readings
+    }
+    return verdicts, texts
+
+
+def report_lines(frame: pd.DataFrame, mrr_text: Sequence[str], figure: str) -> list[str]:
+    """tasks.md without its claims: the accuracy tables, the MRR and the figure."""
+    return [
         "# The algorithmic task suite",
         "",
         (__doc__ or "").split("\n\n")[2].strip(),
@@ -430,17 +428,31 @@ def write_tasks_report(
         "",
         *mrr_text,
         "",
-        f"![exact match against instance length]({figure.name})",
+        f"![exact match against instance length]({figure})",
         "",
     ]
-    texts: dict[Path, str] = {}
-    if claims_path is not None:
-        verdicts = claim_verdicts(found, read_task_claims(claims_path, sorted(frame["task"].unique())))
-        block = claims_block(verdicts)
-        texts = {
-            p: replace_block(p.read_text(encoding="utf-8"), block, str(p), TASK_BEGIN, TASK_END)
-            for p in readings
-        }
+
+
+def write_tasks_report(
+    paths: Sequence[Path], out: Path, claims_path: Path | None, readings: Sequence[Path] = ()
+) -> Path:
+    """Every file of the report into `out`; with `readings`, their claims blocks rewritten. Everything is
+    computed, and each reading checked for its block, before anything is written."""
+    if readings and claims_path is None:
+        raise ReportError("--write needs --claims: the block it rewrites holds the claims' verdicts")
+    runs = collect_runs(paths)
+    found = task_runs(runs)
+    frame = frame_of(found)
+    tasks = sorted(frame["task"].unique())
+    verdicts, texts = tested_claims(found, tasks, claims_path, readings) if claims_path else (None, {})
+    mrr_text, mrr_table = mrr_lines(frame)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "tasks.csv", index=False)
+    write_csv([r for r in runs if r.finished and TASK in r.config], out / "runs.csv")
+    mrr_table.to_csv(out / "mrr.csv", index_label="encoding")
+    figure = save_figure(accuracy_figure(found), out / "tasks.png")
+    lines = report_lines(frame, mrr_text, figure.name)
+    if verdicts is not None:
         verdicts.to_csv(out / "claims_verdicts.csv", index=False)
         lines += ["## Preregistered orderings", "", *claims_lines(verdicts), ""]
     path = out / "tasks.md"
