@@ -131,12 +131,18 @@ def test_bad_claims_files_are_named(tmp_path: Path) -> None:
         read_task_claims(path, ["copy"])
 
 
+def suite_on_disk(folder: Path) -> Path:
+    """`suite()` as FOLDER/runs.csv and a claims file of one ordering (nope > rope on the mean): its path."""
+    write_csv(suite(), folder / "runs.csv")
+    claims = folder / "claims.csv"
+    pd.DataFrame([vars(claim("nope", "rope", "mean"))]).to_csv(claims, index=False)
+    return claims
+
+
 def test_the_command_writes_the_report_from_a_runs_csv(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_csv(suite(), tmp_path / "runs.csv")
-    claims = tmp_path / "claims.csv"
-    pd.DataFrame([vars(claim("nope", "rope", "mean"))]).to_csv(claims, index=False)
+    claims = suite_on_disk(tmp_path)
     out = tmp_path / "out"
     assert main([str(tmp_path), "--out", str(out), "--claims", str(claims)]) == 0  # a folder with a runs.csv
     text = (out / "tasks.md").read_text()
@@ -152,9 +158,7 @@ def test_the_command_writes_the_report_from_a_runs_csv(
 def test_write_rewrites_each_reading_s_claims_block_and_a_file_without_one_loses_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_csv(suite(), tmp_path / "runs.csv")
-    claims = tmp_path / "claims.csv"
-    pd.DataFrame([vars(claim("nope", "rope", "mean"))]).to_csv(claims, index=False)
+    claims = suite_on_disk(tmp_path)
     reading, plain = tmp_path / "README.md", tmp_path / "plain.md"
     reading.write_text(f"intro\n{TASK_BEGIN}\nstale\n{TASK_END}\noutro\n")
     plain.write_text("no block here\n")

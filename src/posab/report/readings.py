@@ -111,6 +111,11 @@ def replace_block(text: str, block: Sequence[str], where: str, begin: str = BEGI
     return head + begin + "\n" + "\n".join(block) + "\n" + end + tail
 
 
+def add_write_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """`--write FILE ...`: the readings whose generated claims block a command rewrites."""
+    parser.add_argument("--write", nargs="*", type=Path, default=[], metavar="FILE", help=help_text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: `posab claims STUDY_DIR [--write FILE ...]`; returns the exit code."""
     parser = argparse.ArgumentParser(
@@ -119,13 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "write claims/verdicts.csv, claims/README.md, and the claims block of each --write file.",
     )
     parser.add_argument("study_dir", type=Path, help="the study's folder (e.g. results/study)")
-    parser.add_argument(
-        "--write",
-        nargs="*",
-        type=Path,
-        default=[],
-        metavar="FILE",
-        help="Markdown files whose claims block to rewrite (README.md, results/study/README.md)",
+    add_write_argument(
+        parser, "Markdown files whose claims block to rewrite (README.md, results/study/README.md)"
     )
     args = parser.parse_args(argv)
     try:

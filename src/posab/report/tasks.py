@@ -52,7 +52,7 @@ from posab.plots import new_figure, save_figure
 from posab.report.claims import claims_file_lines
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
-from posab.report.readings import replace_block
+from posab.report.readings import add_write_argument, replace_block
 from posab.report.records import ReportError, RunRecord
 from posab.report.resampling import (
     EXACT_SPLITS,
@@ -469,14 +469,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--claims", type=Path, help="the suite's claims file (orderings stated before the runs)"
     )
-    parser.add_argument(
-        "--write",
-        nargs="*",
-        type=Path,
-        default=[],
-        metavar="FILE",
-        help="with --claims: Markdown files whose task claims block to rewrite (README.md, "
-        "results/tasks/README.md)",
+    add_write_argument(
+        parser,
+        "with --claims: Markdown files whose task claims block to rewrite (README.md, results/tasks/README.md)",
     )
     args = parser.parse_args(argv)
     try:
