@@ -471,7 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_write_argument(
         parser,
-        "with --claims: Markdown files whose task claims block to rewrite (README.md, results/tasks/README.md)",
+        "with --claims: Markdown files whose task claims block to rewrite (README.md, "
+        "results/tasks/README.md)",
     )
     args = parser.parse_args(argv)
     try:
