@@ -113,6 +113,8 @@ def test_an_ordering_is_tested_on_its_task_and_seed_pairs() -> None:
     assert third.difference == 0 and third.verdict == "indistinguishable" and third.p == 1.0
     opposite = claim_verdicts(task_runs(suite()), [claim("nope", "rope", "copy", "less")])
     assert opposite["verdict"].tolist() == ["opposite"]
+    after_the_runs = TaskClaim("f", "nope", "rope", "mean", "greater", "post-hoc", "abc123", "a sentence")
+    assert claim_verdicts(task_runs(suite()), [after_the_runs])["verdict"].tolist() == ["suggestive"]
 
 
 def test_a_claim_without_two_common_seeds_is_named() -> None:
@@ -126,6 +128,10 @@ def test_bad_claims_files_are_named(tmp_path: Path) -> None:
     pd.DataFrame([vars(claim("nope", "rope", "divide"))]).to_csv(path, index=False)
     with pytest.raises(ReportError, match="task 'divide'; valid: copy, parity, mean"):
         read_task_claims(path, ["copy", "parity"])
+    unknown_status = vars(claim("nope", "rope", "copy")) | {"status": "hoped"}
+    pd.DataFrame([unknown_status]).to_csv(path, index=False)
+    with pytest.raises(ReportError, match="status 'hoped'; valid: preregistered, post-hoc"):
+        read_task_claims(path, ["copy"])
     pd.DataFrame([{"family": "x"}]).to_csv(path, index=False)
     with pytest.raises(ReportError, match="no column"):
         read_task_claims(path, ["copy"])
@@ -211,3 +217,4 @@ def test_the_figure_draws_each_encoding_once_in_its_legend_and_tells_them_apart(
     styles = shared_colour_styles(colours)
     looks = {(tuple(colours[n]), str(styles[n])) for n in names}
     assert len(looks) == len(names) and len(set(map(tuple, colours.values()))) < len(names)
+

@@ -49,7 +49,7 @@ from matplotlib.figure import Figure
 from posab.io import write_text
 from posab.keys import key_lengths, metric_key
 from posab.plots import new_figure, save_figure
-from posab.report.claims import claims_file_lines
+from posab.report.claims import POST_HOC, STATUSES, claims_file_lines
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
 from posab.report.readings import add_write_argument, replace_block
@@ -63,7 +63,7 @@ from posab.report.resampling import (
     sign_flip_p,
 )
 from posab.report.runs_csv import write_csv
-from posab.report.stats import ALPHA, verdict
+from posab.report.stats import ALPHA, ORDERED, SUGGESTIVE, verdict
 from posab.report.styles import encoding_colours, shared_colour_styles
 
 TASK, TRAIN_LENGTHS = "data.task.name", "data.task.train_lengths"
@@ -84,7 +84,7 @@ CLAIMS_LEGEND = (
     "task, resampled)",
     f"verdict: `ordered` when the interval excludes 0 on the claimed side and Holm < {ALPHA}; `suggestive` "
     "when one of the two holds; `opposite` when the interval excludes 0 on the other side; else "
-    "`indistinguishable`",
+    "`indistinguishable`. A `post-hoc` claim (chosen after its runs were seen) is at most `suggestive`",
 )
 CLAIM_COLUMNS = ("family", "row", "reference", "task", "direction", "status", "registered", "statement")
 DRAWS = 10_000  # bootstrap replicates (fixed generator: the same runs give the same interval)
@@ -205,6 +205,8 @@ def read_task_claims(path: Path, tasks: Sequence[str]) -> list[TaskClaim]:
             raise ReportError(f"{where}: task {line['task']!r}; valid: {', '.join([*tasks, MEAN])}")
         if line["direction"] not in ("greater", "less"):
             raise ReportError(f"{where}: direction {line['direction']!r}; valid: greater, less")
+        if line["status"] not in STATUSES:
+            raise ReportError(f"{where}: status {line['status']!r}; valid: {', '.join(STATUSES)}")
         claims.append(TaskClaim(**{c: line[c] for c in CLAIM_COLUMNS}))
     return claims
 
@@ -289,10 +291,12 @@ def claim_verdicts(found: Sequence[TaskRun], claims: Sequence[TaskClaim]) -> pd.
 
 
 def claim_verdict(line: object) -> str:
-    """`verdict` with the interval read on the claimed side: above 0 for `greater`, below for `less`."""
+    """`verdict` with the interval read on the claimed side (above 0 for `greater`, below for `less`),
+    capped at `suggestive` for a POST_HOC claim (chosen after its runs were seen), as the study's are."""
     above, below = line.low > 0, line.high < 0  # type: ignore[attr-defined]
     claimed, other = (above, below) if line.direction == "greater" else (below, above)  # type: ignore[attr-defined]
-    return verdict(claimed, other, line.p_holm)  # type: ignore[attr-defined]
+    found = verdict(claimed, other, line.p_holm)  # type: ignore[attr-defined]
+    return SUGGESTIVE if found == ORDERED and line.status == POST_HOC else found  # type: ignore[attr-defined]
 
 
 def accuracy_figure(found: Sequence[TaskRun]) -> Figure:
