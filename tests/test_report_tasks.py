@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from report_runs import finished_run
 
+from posab.report.cli import collect_runs
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
 from posab.report.styles import encoding_colours, shared_colour_styles
@@ -17,11 +18,14 @@ from posab.report.tasks import (
     TASK_BEGIN,
     TASK_END,
     TaskClaim,
+    TaskRun,
     accuracy_figure,
     claim_verdicts,
+    claims_block,
     frame_of,
     main,
     mrr,
+    mrr_lines,
     read_task_claims,
     task_runs,
 )
@@ -218,3 +222,49 @@ def test_the_figure_draws_each_encoding_once_in_its_legend_and_tells_them_apart(
     looks = {(tuple(colours[n]), str(styles[n])) for n in names}
     assert len(looks) == len(names) and len(set(map(tuple, colours.values()))) < len(names)
 
+
+# The committed grid (results/tasks/grid), held to its runs.csv and its claims file.
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = ROOT / "results" / "tasks" / "grid"
+
+
+@pytest.fixture(scope="module")
+def committed_runs() -> list[TaskRun]:
+    return task_runs(collect_runs([GRID]))
+
+
+def committed_task_verdicts() -> pd.DataFrame:
+    return pd.read_csv(GRID / "claims_verdicts.csv", dtype={"per_seed": str}, keep_default_na=False)
+
+
+def test_the_committed_grid_report_recomputes_from_its_runs_csv(committed_runs: list[TaskRun]) -> None:
+    """tasks.csv (each run's accuracy) and mrr.csv (the aggregate) are what the runs.csv gives."""
+    frame = frame_of(committed_runs)
+    pd.testing.assert_frame_equal(frame, pd.read_csv(GRID / "tasks.csv"), check_dtype=False, rtol=1e-12)
+    _, table = mrr_lines(frame)
+    committed = pd.read_csv(GRID / "mrr.csv", index_col="encoding")
+    pd.testing.assert_frame_equal(table, committed, check_names=False, rtol=1e-12)
+
+
+def test_the_committed_task_verdicts_recompute_from_the_claims_file_and_the_runs(
+    committed_runs: list[TaskRun],
+) -> None:
+    tasks = sorted({r.task for r in committed_runs})
+    recomputed = claim_verdicts(
+        committed_runs, read_task_claims(ROOT / "results" / "tasks" / "claims.csv", tasks)
+    )
+    committed = committed_task_verdicts()
+    assert recomputed["verdict"].tolist() == committed["verdict"].tolist()
+    assert recomputed["per_seed"].tolist() == committed["per_seed"].tolist()
+    for column in ("difference", "p", "p_holm", "low", "high"):
+        assert recomputed[column].to_numpy() == pytest.approx(committed[column].to_numpy(), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "reading", [ROOT / "README.md", ROOT / "results" / "tasks" / "README.md"], ids=["README", "tasks README"]
+)
+def test_each_reading_s_task_claims_block_is_what_the_committed_verdicts_give(reading: Path) -> None:
+    text = reading.read_text(encoding="utf-8")
+    block = text.split(TASK_BEGIN, 1)[1].split(TASK_END, 1)[0].strip("\n")
+    assert block == "\n".join(claims_block(committed_task_verdicts()))
