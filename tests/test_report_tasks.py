@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from report_runs import finished_run
 
+from conftest import ROOT
 from posab.report.cli import collect_runs
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
@@ -30,6 +31,8 @@ from posab.report.tasks import (
     task_runs,
 )
 
+SUITE = ROOT / "results" / "tasks"
+GRID, CLAIMS = SUITE / "grid", SUITE / "claims.csv"
 TRAIN = {"copy": (1, 4), "parity": (1, 2)}
 TEST = {"copy": 8, "parity": 4}
 
@@ -197,8 +200,7 @@ def test_the_suite_s_claims_file_reads_and_names_encodings_and_tasks_that_exist(
     from conftest import CONF, ENCODINGS
 
     tasks = sorted(p.stem for p in (CONF / "task").glob("*.yaml"))
-    path = Path(__file__).resolve().parents[1] / "results" / "tasks" / "claims.csv"
-    claims = read_task_claims(path, tasks)
+    claims = read_task_claims(CLAIMS, tasks)
     assert len(claims) == 7 and {c.family for c in claims} == {"nope_study"}
     assert all(
         c.row in ENCODINGS and c.reference in ENCODINGS and c.status == "preregistered" for c in claims
@@ -225,9 +227,6 @@ def test_the_figure_draws_each_encoding_once_in_its_legend_and_tells_them_apart(
 
 # The committed grid (results/tasks/grid), held to its runs.csv and its claims file.
 
-ROOT = Path(__file__).resolve().parents[1]
-GRID = ROOT / "results" / "tasks" / "grid"
-
 
 @pytest.fixture(scope="module")
 def committed_runs() -> list[TaskRun]:
@@ -251,9 +250,7 @@ def test_the_committed_task_verdicts_recompute_from_the_claims_file_and_the_runs
     committed_runs: list[TaskRun],
 ) -> None:
     tasks = sorted({r.task for r in committed_runs})
-    recomputed = claim_verdicts(
-        committed_runs, read_task_claims(ROOT / "results" / "tasks" / "claims.csv", tasks)
-    )
+    recomputed = claim_verdicts(committed_runs, read_task_claims(CLAIMS, tasks))
     committed = committed_task_verdicts()
     assert recomputed["verdict"].tolist() == committed["verdict"].tolist()
     assert recomputed["per_seed"].tolist() == committed["per_seed"].tolist()
@@ -261,9 +258,7 @@ def test_the_committed_task_verdicts_recompute_from_the_claims_file_and_the_runs
         assert recomputed[column].to_numpy() == pytest.approx(committed[column].to_numpy(), rel=1e-9)
 
 
-@pytest.mark.parametrize(
-    "reading", [ROOT / "README.md", ROOT / "results" / "tasks" / "README.md"], ids=["README", "tasks README"]
-)
+@pytest.mark.parametrize("reading", [ROOT / "README.md", SUITE / "README.md"], ids=["README", "tasks README"])
 def test_each_reading_s_task_claims_block_is_what_the_committed_verdicts_give(reading: Path) -> None:
     text = reading.read_text(encoding="utf-8")
     block = text.split(TASK_BEGIN, 1)[1].split(TASK_END, 1)[0].strip("\n")

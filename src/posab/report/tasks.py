@@ -49,7 +49,7 @@ from matplotlib.figure import Figure
 from posab.io import write_text
 from posab.keys import key_lengths, metric_key
 from posab.plots import new_figure, save_figure
-from posab.report.claims import POST_HOC, STATUSES, claims_file_lines
+from posab.report.claims import STATUSES, claims_file_lines
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
 from posab.report.readings import add_write_argument, replace_block
@@ -63,8 +63,9 @@ from posab.report.resampling import (
     sign_flip_p,
 )
 from posab.report.runs_csv import write_csv
-from posab.report.stats import ALPHA, ORDERED, SUGGESTIVE, verdict
+from posab.report.stats import ALPHA
 from posab.report.styles import encoding_colours, shared_colour_styles
+from posab.report.verdicts import claim_verdict
 
 TASK, TRAIN_LENGTHS = "data.task.name", "data.task.train_lengths"
 UNSEEN, SEEN = metric_key("exact_unseen"), metric_key("exact_seen")
@@ -286,17 +287,8 @@ def claim_verdicts(found: Sequence[TaskRun], claims: Sequence[TaskClaim]) -> pd.
     frame["p_holm"] = np.nan
     for _, index in frame.groupby("family", sort=False).groups.items():
         frame.loc[index, "p_holm"] = holm(frame.loc[index, "p"].tolist())
-    frame["verdict"] = [claim_verdict(line) for line in frame.itertuples()]
+    frame["verdict"] = [claim_verdict(line) for _, line in frame.iterrows()]
     return frame
-
-
-def claim_verdict(line: object) -> str:
-    """`verdict` with the interval read on the claimed side (above 0 for `greater`, below for `less`),
-    capped at `suggestive` for a POST_HOC claim (chosen after its runs were seen), as the study's are."""
-    above, below = line.low > 0, line.high < 0  # type: ignore[attr-defined]
-    claimed, other = (above, below) if line.direction == "greater" else (below, above)  # type: ignore[attr-defined]
-    found = verdict(claimed, other, line.p_holm)  # type: ignore[attr-defined]
-    return SUGGESTIVE if found == ORDERED and line.status == POST_HOC else found  # type: ignore[attr-defined]
 
 
 def accuracy_figure(found: Sequence[TaskRun]) -> Figure:

@@ -88,8 +88,9 @@ def _claim_line(claim: Claim, pool: Sequence[RunRecord]) -> dict[str, Any]:
 
 
 def claim_verdict(line: Mapping[str, Any]) -> str:
-    """`verdict` on the claimed side (`direction`), capped at SUGGESTIVE for a POST_HOC claim."""
-    stable = not line["unstable"]
+    """`verdict` on the claimed side (`direction`), capped at SUGGESTIVE for a POST_HOC claim. An interval
+    marked `unstable` excludes 0 on neither side; a line without the mark (the task suite's) is stable."""
+    stable = not line.get("unstable", False)
     below, above = stable and line["high"] < 0, stable and line["low"] > 0
     claimed, other = (below, above) if line["direction"] == "less" else (above, below)
     found = verdict(claimed, other, float(line["p_holm"]))
