@@ -12,8 +12,9 @@ import torch
 from report_runs import finished_run
 
 from conftest import run_main, tiny_model, typed_config
-from posab.data import CorpusData, eval_corpus_stream
+from posab.data import CorpusData, TokenStream, eval_corpus_stream
 from posab.data.corpora import load_eval_documents
+from posab.data.streams import place_windows
 from posab.errors import ConfigError
 from posab.evaluate import EvalConfig, run_evaluations, run_evaluator
 from posab.evaluate.context import EvalContext
@@ -144,3 +145,45 @@ def test_runs_with_and_without_a_further_corpus_share_a_row() -> None:
     ]
     (row,) = group_rows(runs)["s"]
     assert row.label == "alibi" and [r.name for r in row.runs] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("begin", "end", "length", "per", "expected"),
+    [
+        (0, 100, 10, 2, [22, 66]),  # room 89: starts at 1/4 and 3/4 of it, rounded down
+        (50, 61, 10, 2, [50]),  # room 0: one window, flush with both ends
+        (0, 10, 10, 2, []),  # 10 tokens cannot hold 10 inputs and a target
+        (0, 31, 10, 5, [5, 15]),  # room 20 holds two windows 10 apart, not five
+    ],
+)
+def test_windows_are_placed_inside_a_document_at_fixed_fractions(
+    begin: int, end: int, length: int, per: int, expected: list[int]
+) -> None:
+    assert place_windows(begin, end, length, per).tolist() == expected
+
+
+def test_each_document_gets_its_own_windows_and_none_crosses_a_document_end() -> None:
+    sizes = [500, 40, 130, 2000]  # the second document is too short for one window of 64
+    document = np.repeat(np.arange(len(sizes)), sizes).astype(np.int32)  # (N,)
+    tokens = np.zeros(len(document), dtype=np.uint16)
+    stream = TokenStream(tokens, tokens, tokens, "books", document=document, windows_per_document=3)
+    starts = stream.evaluation_windows(64, count=1)  # the count is the whole stream's rule, not this one
+    windows = document[starts[:, None] + np.arange(65)[None, :]]  # (N, 65): inputs and target
+    assert (windows == windows[:, :1]).all()  # every token of a window in one document
+    assert np.bincount(windows[:, 0], minlength=4).tolist() == [3, 0, 1, 3]
+    assert (np.diff(starts) >= 64).all()  # non-overlapping, in stream order
+
+
+def test_windows_per_document_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match=r"eval.corpora\[0\].windows_per_document=0: use a positive count"):
+        typed_config(["eval.corpora=[{name: a, path: p, windows_per_document: 0}]"])
+
+
+def test_a_corpus_scored_per_document_has_its_windows_in_its_documents(tmp_path: Path) -> None:
+    folder = folder_of_documents(tmp_path, count=4, size=1200)
+    entry = f"eval.corpora=[{{name: books, path: '{folder}', windows_per_document: 2}}]"
+    overrides = ["+experiment=tiny", f"data.cache_dir={tmp_path / 'cache'}", "train.steps=2", entry]
+    results = run_main(overrides, tmp_path / "run")
+    saved = np.load(tmp_path / "run" / "books.perplexity_windows.npz")
+    assert saved["books:documents"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert results["eval"]["books:ppl_windows/256"] == 8  # each length scores the same 8 windows' tokens

@@ -3,10 +3,12 @@ installed packages, and the CPU kernels torch dispatches to (which set summation
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import subprocess
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -107,13 +109,51 @@ def code_provenance() -> dict[str, Any]:
     return {"git_commit": git_commit(), "git_dirty": git_dirty()}
 
 
+# The claims files a run's preregistration is checked against (results/study/claims/, its pending/ folder,
+# the task suite's claims.csv), relative to the source root
+CLAIMS_GLOBS = ("results/study/claims/**/*.csv", "results/tasks/claims*.csv")
+CLAIMS_OUTPUTS = ("verdicts.csv",)  # written by `posab claims`, not a registration
+UNTRACKED_SCOPE = ("conf", "src", "train.py")  # where an untracked file can change what a run does
+
+
+def claims_files(root: Path | None = None) -> str:
+    """`path:sha256[:12]` of every claims file present now (CLAIMS_GLOBS), sorted and `;`-joined: which
+    registrations existed when a run started, and their exact text ("" where there are none)."""
+    root = root or source_root()
+    paths = sorted({p for pattern in CLAIMS_GLOBS for p in root.glob(pattern) if p.is_file()})
+    return ";".join(
+        f"{p.relative_to(root).as_posix()}:{hashlib.sha256(p.read_bytes()).hexdigest()[:12]}"
+        for p in paths
+        if p.name not in CLAIMS_OUTPUTS
+    )
+
+
+def untracked_files() -> str | None:
+    """The untracked files under UNTRACKED_SCOPE (a config file not yet committed changes what a run does,
+    which `git_dirty` does not see), `;`-joined; None without git."""
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", *UNTRACKED_SCOPE)
+    if status is None:
+        return None
+    return ";".join(line[3:] for line in status.splitlines() if line.startswith("??"))
+
+
+def utc_now() -> str:
+    """The time now in UTC, to the second, ISO 8601 (`2026-12-06T07:01:02Z`)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def start_provenance(now: dict[str, Any], resumed_results: Path | None) -> dict[str, Any]:
-    """`git_commit_start` / `git_dirty_start`: the code a run started with. A resumed run keeps them from its
-    earlier results.json (`resumed_results`), and its `git_commit` is then the code it resumed with."""
+    """What a run started with: `git_commit_start` / `git_dirty_start` (its code), `started_at` (UTC),
+    `claims_files_start` (the claims files then, `claims_files`) and `git_untracked_start`
+    (`untracked_files`). A resumed run keeps them from its earlier results.json (`resumed_results`), and its
+    `git_commit` is then the code it resumed with."""
     before: dict[str, Any] = {}
     if resumed_results is not None and resumed_results.is_file():
         before = json.loads(resumed_results.read_text())
     return {
         "git_commit_start": before.get("git_commit_start", before.get("git_commit", now["git_commit"])),
         "git_dirty_start": before.get("git_dirty_start", before.get("git_dirty", now["git_dirty"])),
+        "started_at": before.get("started_at", utc_now()),
+        "claims_files_start": before.get("claims_files_start", claims_files()),
+        "git_untracked_start": before.get("git_untracked_start", untracked_files()),
     }

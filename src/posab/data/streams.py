@@ -100,9 +100,13 @@ class TokenStream:
         paragraph: np.ndarray,
         split: str,
         document: np.ndarray | None = None,
+        windows_per_document: int | None = None,
     ) -> None:
+        """`windows_per_document`: the evaluation windows lie within documents, that many in each
+        (`evaluation_windows`); None: spread evenly over the whole stream (`fixed_windows`)."""
         self.tokens, self.sentence, self.paragraph, self.split = tokens, sentence, paragraph, split
         self.document = document
+        self.windows_per_document = windows_per_document
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -154,6 +158,52 @@ class TokenStream:
             )
         picks = np.unique(np.linspace(0, available - 1, min(count, available)).round().astype(np.int64))
         return picks * length
+
+    def evaluation_windows(self, length: int, count: int) -> np.ndarray:
+        """The perplexity evaluation's windows of `length` inputs: `document_windows` when the stream sets
+        `windows_per_document`, else `count` windows spread over the stream (`fixed_windows`)."""
+        if self.windows_per_document is None:
+            return self.fixed_windows(length, count)
+        return self.document_windows(length, self.windows_per_document)
+
+    def document_windows(self, length: int, per_document: int) -> np.ndarray:
+        """Starts of up to `per_document` non-overlapping windows of `length` inputs (plus one target) inside
+        each document, none crossing a document's end: at the fractions (i + 1/2) / k of the span where a
+        window fits (k = `per_document`, or as many as the document holds), the same places in every run.
+        A document too short for one window has none. Document by document, in stream order: (N,)."""
+        if self.document is None:
+            raise ConfigError(f"the {self.split} stream records no documents to place windows in")
+        bounds = document_bounds(self.document)  # (D + 1,)
+        starts = [
+            place_windows(int(begin), int(end), length, per_document)
+            for begin, end in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        found = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+        if len(found) == 0:
+            raise ConfigError(
+                f"no document of the {self.split} stream holds a window of {length} tokens "
+                f"(needs {length + 1}); use a shorter length or longer documents"
+            )
+        return found
+
+
+def document_bounds(document: np.ndarray) -> np.ndarray:
+    """(D + 1,) the first token of each document, then the stream's end (documents are contiguous runs of
+    one index in `document`)."""
+    changes = np.flatnonzero(np.diff(document)) + 1  # (D - 1,)
+    return np.concatenate([[0], changes, [len(document)]]).astype(np.int64)
+
+
+def place_windows(begin: int, end: int, length: int, per_document: int) -> np.ndarray:
+    """Starts of k non-overlapping windows of `length` + 1 tokens in [begin, end): the room is the span of
+    starts that fit (end - begin - length - 1 tokens), k = min(per_document, room // length), at least 1
+    where one fits, and window i starts at (i + 1/2) / k of the room, so that consecutive starts are at least
+    room / k >= `length` apart: (k,)."""
+    room = end - begin - length - 1
+    if room < 0:
+        return np.zeros(0, dtype=np.int64)
+    count = min(per_document, max(1, room // length))
+    return begin + np.floor((np.arange(count) + 0.5) * room / count).astype(np.int64)  # (k,)
 
 
 def cache_key(identity: dict[str, Any], tokenizer: dict[str, Any]) -> str:

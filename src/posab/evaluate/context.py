@@ -34,6 +34,10 @@ class EvalCorpus:
     name: str  # e.g. wikitext2: the prefix of its keys (`wikitext2:ppl/512`)
     path: str  # a folder, file or glob, relative to the directory train.py is started from
     format: str = "text"  # text: one document per file | wikitext: WikiText articles (` = Title = ` lines)
+    # None: the perplexity windows spread evenly over the concatenated documents (a window may span two);
+    # k: k windows inside each document at fixed places (`TokenStream.document_windows`), so that each
+    # document is its own unit of resampling (pg-books-test: 34 books, issue 56)
+    windows_per_document: int | None = None
 
     def validate(self, where: str) -> None:
         require(
@@ -43,6 +47,8 @@ class EvalCorpus:
         )
         formats = " or ".join(EVAL_FORMATS)
         require(self.format in EVAL_FORMATS, f"{where}.format={self.format!r}: use {formats}")
+        per = self.windows_per_document
+        require(per is None or per > 0, f"{where}.windows_per_document={per}: use a positive count, or null")
 
 
 @dataclass

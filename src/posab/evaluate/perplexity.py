@@ -2,7 +2,9 @@
 
 Protocol: windows of the longest evaluation length Lmax, the same fixed, non-overlapping windows for every
 run (`TokenStream.fixed_windows`: evenly spread over the evaluation split, `eval.split`), max(1,
-token_budget // Lmax) of them where the split has that many (`windows` fixes the count). At every length
+token_budget // Lmax) of them where the split has that many (`windows` fixes the count); an evaluation
+corpus with `windows_per_document` k has k windows inside each document instead
+(`TokenStream.document_windows`), whatever the budget. At every length
 L (each must divide Lmax) each window is cut into Lmax / L chunks of L tokens, each scored from its own
 start (positions 0..L-1, no context carried over): every length scores exactly the same tokens, so a
 difference between lengths is the length, not the text. perplexity = exp(total loss / scored tokens).
@@ -343,7 +345,7 @@ class Perplexity(Evaluator[PerplexityConfig]):
     def evaluate(self, ctx: EvalContext) -> EvalOutput:
         lengths = list(ctx.cfg.lengths)
         longest = max(lengths)
-        windows = ctx.valid.fixed_windows(longest, window_count(self.cfg, longest))  # (N,)
+        windows = ctx.valid.evaluation_windows(longest, window_count(self.cfg, longest))  # (N,)
         results: dict[str, Any] = {}
         arrays: dict[str, np.ndarray] = {"starts": windows.astype(np.int64)}
         arrays.update(window_documents(ctx, windows, longest))

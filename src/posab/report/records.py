@@ -15,6 +15,9 @@ PROVENANCE_KEYS = (  # recorded by newer runs; empty in runs.csv files written b
     "cpu_capability",  # torch's CPU kernel set: DEFAULT, AVX2, AVX512, ...
     "math_isa",  # what sets MKL's and oneDNN's instruction sets (posab.provenance.math_isa)
     "versions",  # the installed dependencies: "torch=2.13.0+cpu numpy=2.1.3 ..."
+    "started_at",  # when the run first started, UTC (`2026-12-06T07:01:02Z`; kept on resume)
+    "claims_files_start",  # the claims files present at its start, `path:sha256[:12]` (posab.provenance)
+    "git_untracked_start",  # untracked files under conf/, src/ and train.py at its start
 )
 # RunRecord.info's keys: where and how the run ran
 RUN_INFO_KEYS = ("experiment", "overrides", "git_commit", "machine", "device", "precision", *PROVENANCE_KEYS)

@@ -41,8 +41,15 @@ def corpus_streams(cfg: Config, data: CorpusData) -> dict[str, TokenStream]:
     that a missing file or a corpus too short fails before training."""
     streams = {}
     for i, corpus in enumerate(cfg.eval.corpora):
-        stream = eval_corpus_stream(corpus.path, corpus.format, data.tokenizer, f"eval.corpora[{i}]")
+        where = f"eval.corpora[{i}]"
+        stream = eval_corpus_stream(
+            corpus.path, corpus.format, data.tokenizer, where, corpus.windows_per_document
+        )
         check_eval_lengths(cfg, stream, per_corpus=True)
+        if corpus.windows_per_document is not None:
+            stream.document_windows(
+                max(cfg.eval.lengths), corpus.windows_per_document
+            )  # fails before training
         streams[corpus.name] = stream
     return streams
 
