@@ -399,4 +399,42 @@ def test_the_frontier_part_runs_each_encoding_at_its_committed_picks_beside_the_
     assert (cfg.experiment, cfg.train.steps, cfg.eval.split, cfg.eval.extrapolation.enabled) == (
         "study_frontier", 1000, "test", True
     )  # fmt: skip
-    assert [c.name for c in cfg.eval.corpora] == ["wikitext2"] and not cfg.passkey.enabled
+    assert [c.name for c in cfg.eval.corpora] == ["wikitext2", "pgbooks_test"] and not cfg.passkey.enabled
+
+
+TUNED = ("results/study/tuning/picks.csv", "results/study/tuning_frontier/picks.csv")
+
+
+@pytest.mark.parametrize(
+    ("experiment", "seeds", "encodings", "steps"),
+    [
+        (
+            "study_decisive",
+            range(10, 16),
+            {"rope", "alibi", "multiscale", "fox", "xpos", "swan", "rnope_swa", "stickbreaking"},
+            1000,
+        ),
+        ("study_clamp_confirm", range(20, 28), {"multiscale"}, 1000),
+        ("study_plateau", range(2), {"nope", "sinusoidal", "learned", "alibi", "rope", "multiscale"}, 4000),
+    ],
+)
+def test_the_issue_56_parts_run_fresh_seeds_at_the_committed_picks_and_score_pg_books_test(
+    experiment: str, seeds: range, encodings: set[str], steps: int
+) -> None:
+    """Parts 11-13 (issue 56): every row at its committed tuning pick, on the seeds the plan names (fresh
+    ones for the claims), scored on pg-books-test two windows per book; the clamp confirmation trains the
+    note's form, every other multi-scale row is clamped."""
+    jobs = [dict(o.split("=", 1) for o in j) for j in preset_jobs(experiment)]
+    picks = {row["encoding"]: row for path in TUNED for row in csv.DictReader((ROOT / path).open())}
+    assert sorted((j["encoding"], j["seed"]) for j in jobs) == sorted(
+        (e, str(s)) for e in encodings for s in seeds
+    )
+    for job in jobs:
+        assert float(job["train.lr"]) == float(picks[job["encoding"]]["lr"])
+        assert float(job.get("encoding.lr_mult", 1.0)) == float(picks[job["encoding"]]["lr_mult"])
+    clamps = {j.get("encoding.clamp") for j in jobs if j["encoding"] == "multiscale"}
+    assert clamps == ({"null"} if experiment == "study_clamp_confirm" else {"train"})
+    cfg = typed_config([f"+experiment={experiment}", *(f"{k}={v}" for k, v in jobs[-1].items())])
+    assert (cfg.experiment, cfg.train.steps, cfg.eval.split) == (experiment, steps, "test")
+    books = cfg.eval.corpora[-1]
+    assert (books.name, books.windows_per_document) == ("pgbooks_test", 2) and not cfg.passkey.enabled
