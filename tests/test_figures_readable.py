@@ -33,6 +33,7 @@ from posab.report.figures import needle_figure, position_loss_figure, ppl_vs_len
 from posab.report.grouping import Row, group_rows
 from posab.report.needle import by_length_figure, stage_curves_figure, stage_rows
 from posab.report.records import STAGE_KEY_LOSS, STAGE_PROBES, RunRecord
+from posab.report.styles import short_label, short_value
 from posab.report.tuning import picks, points, tuning_figure
 
 MIN_AREA_SHARE = 0.4
@@ -290,3 +291,55 @@ def test_the_checks_fail_the_figures_as_they_were(rows: dict[str, Row]) -> None:
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     with pytest.raises(AssertionError, match="legend|share"):
         check_readable(fig)
+
+
+def with_yarn(run: RunRecord) -> RunRecord:
+    """A RoPE run of the fixture also evaluated under YaRN (`ppl@yarn/L`), which breaks less than PI."""
+    if run.encoding != "rope":
+        return run
+    i, j = ENCODINGS.index("rope"), RATES.index(run.config["train.lr"])
+    return replace(run, metrics=run.metrics | {f"ppl@yarn/{n}": ppl(i, j, run.seed, n, 2.5) for n in LENGTHS})
+
+
+def legend_texts(ax: Axes) -> list[str]:
+    legend = ax.get_legend()
+    return [] if legend is None else [t.get_text().replace("\n", " ") for t in legend.get_texts()]
+
+
+def test_the_perplexity_figure_draws_the_references_in_every_panel(runs: list[RunRecord]) -> None:
+    """The references (and RoPE's YaRN view) in every panel, legends by encoding and rate, the rows that
+    break in perplexity panels, the flat rows in a difference panel where 0.05 nats is visible."""
+    rows = named_rows(group_rows([with_yarn(r) for r in runs]))
+    fig = ppl_vs_length_figure(rows, ["rope, train.lr=0.003", "alibi, train.lr=0.001"])
+    check_readable(fig)
+    assert fig is not None
+    axes = data_axes(fig)
+    refs = ("ref: RoPE (lr 3e-3)", "ref: ALiBi (lr 1e-3)", "ref: RoPE + YaRN (lr 3e-3)")
+    for ax in axes:
+        assert all(any(text.startswith(ref) for text in legend_texts(ax)) for ref in refs), ax.get_title()
+        assert not any("train.lr=" in text for text in legend_texts(ax))
+    difference = [ax for ax in axes if ax.get_yscale() == "linear"]
+    perplexity = [ax for ax in axes if ax.get_yscale() == "log"]
+    assert difference and perplexity
+    flat = {text for ax in difference for text in legend_texts(ax) if not text.startswith("ref: ")}
+    broken = {text for ax in perplexity for text in legend_texts(ax) if not text.startswith("ref: ")}
+    assert {"multi-scale (lr 3e-3, anchors=true)", "ALiBi (lr 3e-3)"} <= flat  # growth 1: flat
+    assert {"FIRE (lr 1e-3)", "RoPE + PI (lr 3e-3)"} <= broken and not flat & broken
+    assert len(flat) + len(broken) == len(rows) - len(refs)  # every other row once
+    ax = difference[0]
+    assert "ref: ALiBi (lr 1e-3): Δ = 0" in legend_texts(ax)  # the flat reference of lowest perplexity
+    assert any(np.all(np.asarray(line.get_ydata(), float) == 0.0) and len(line.get_ydata()) == 4
+               for line in ax.lines)  # fmt: skip
+    low, high = ax.transData.transform([(512, y) for y in (0.0, 0.05)])[:, 1]
+    assert high - low >= 20.0, "0.05 nats spans fewer than 20 pixels"
+
+
+def test_a_row_is_named_by_its_encoding_and_rate() -> None:
+    assert short_value("train.lr", "0.003") == "lr 3e-3"
+    assert short_value("train.lr", "0.0015") == "lr 1.5e-3"
+    assert short_value("encoding.lr_mult", "10") == "lr_mult 10"
+    assert short_value("data.anchors", "false") == "anchors=false"
+    row = Row("s", "multiscale, encoding.lr_mult=10, train.lr=0.003", "multiscale", "", [])
+    assert short_label(row.label, row) == "multi-scale (lr 3e-3, lr_mult 10)"
+    yarn = Row("s", "rope, encoding.lr_mult=1.0, train.lr=0.006 + yarn", "rope", "yarn", [])
+    assert short_label(f"main: {yarn.label}", yarn) == "main: RoPE + YaRN (lr 6e-3)"

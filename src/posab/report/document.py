@@ -114,13 +114,14 @@ def named_rows(table: Mapping[str, Sequence[Row]]) -> dict[str, Row]:
     return {f"{s}: {row.label}" if multi else row.label: row for s, study in table.items() for row in study}
 
 
-def report_plots(rows: Mapping[str, Row]) -> list[Plot]:
-    """The plots of these rows; the training curves only where a run has one (not from an older runs.csv)."""
+def report_plots(rows: Mapping[str, Row], references: Sequence[str] = PAIRED_REFERENCES) -> list[Plot]:
+    """The plots of these rows (the perplexity figure draws the `references` rows in every panel); the
+    training curves only where a run has one (not from an older runs.csv)."""
     plots: list[Plot] = []
     if trained_rows(rows):
         plots.append(("training_curves.png", lambda p: plot_training_curves(rows, p), ""))
     plots += [
-        ("ppl_vs_length.png", lambda p: plot_ppl_vs_length(rows, p), "no `ppl/L` results"),
+        ("ppl_vs_length.png", lambda p: plot_ppl_vs_length(rows, p, references), "no `ppl/L` results"),
         ("position_loss.png", lambda p: plot_position_loss(rows, p), "no `position_loss/L` results"),
         ("shift.png", lambda p: plot_shift(rows, p), "no `shift/...` results"),
     ]
@@ -131,10 +132,13 @@ def report_plots(rows: Mapping[str, Row]) -> list[Plot]:
     return plots
 
 
-def write_plots(table: Mapping[str, Sequence[Row]], out_dir: Path) -> list[str]:
-    """Draw every plot into `out_dir`; returns one Markdown line per plot (an image, or why it is skipped)."""
+def write_plots(
+    table: Mapping[str, Sequence[Row]], out_dir: Path, references: Sequence[str] = PAIRED_REFERENCES
+) -> list[str]:
+    """Draw every plot into `out_dir` (`report_plots`); returns one Markdown line per plot (an image, or why
+    it is skipped)."""
     lines = []
-    for file, draw, missing in report_plots(named_rows(table)):
+    for file, draw, missing in report_plots(named_rows(table), references):
         written = draw(out_dir / file)
         lines += [
             f"![{file}]({file})" if written else f"`{file}` skipped: {missing} in the finished runs",
@@ -383,7 +387,7 @@ def write_report(
         section += _paired_section(study, paired, references)
         lines += [f"## Study `{study}`", "", *study_table(rows), "", *section]
     if table:
-        lines += ["## Plots", "", *write_plots(table, out_dir)]
+        lines += ["## Plots", "", *write_plots(table, out_dir, references)]
     else:
         lines += ["No finished runs: no tables and no plots.", ""]
     lines += _failed_section(failed)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,10 +23,14 @@ from matplotlib.figure import Figure
 
 from posab.keys import key_lengths, metric_key, needle_cells, shift_sizes
 from posab.plots import needle_panel, new_figure
+from posab.report.flat import FLAT_RATIO, flat_count
 from posab.report.grouping import Row
 from posab.report.records import SEQ_LEN_KEY, RunRecord
-from posab.report.stats import aggregate
+from posab.report.stats import PAIRED_REFERENCES, aggregate, reference_rows
 from posab.report.styles import (
+    MAX_SERIES,
+    PANEL_COLUMNS,
+    TITLE_WRAP,
     encoding_colours,
     facet_title,
     facets,
@@ -36,6 +41,7 @@ from posab.report.styles import (
     line_styles,
     panel_grid,
     save,
+    short_label,
     wrap,
 )
 from posab.results import bin_centres
@@ -58,7 +64,30 @@ def _means(rows: Mapping[str, Row], keys: list[str]) -> pd.DataFrame:
 
 
 SEED_MARK = {"linestyle": "none", "marker": "o", "markersize": 3.5, "fillstyle": "none", "alpha": 0.8}
-PPL_TITLE = "Perplexity vs evaluation length (line: mean over seeds; circles: each seed)"
+PPL_TITLE = (
+    "Perplexity vs evaluation length (line: mean over seeds; circles: each seed; grey, marked ref: the "
+    f"references, in every panel). Flat: the tail within {FLAT_RATIO:.2f}× the perplexity at the training "
+    "length in every seed; flat rows are drawn as their ln perplexity minus a baseline's (nats/token)"
+)
+SUPTITLE_WRAP = 90  # characters per line of the figure's title, per column of panels
+BROKEN_TITLE = "perplexity of the rows not flat in every seed"
+FLAT_TITLE = "rows flat in every seed: Δ ln perplexity"
+REFERENCES_TITLE = "perplexity of the references"
+YARN = "yarn"  # RoPE's scaling view drawn as a reference
+MAX_LINES = 12  # lines one panel of the perplexity figure draws at most, its references included
+REFERENCE_LINE = {"markersize": 4, "linewidth": 2.0}
+REFERENCE_STYLES = tuple(  # a reference's line, in the order they are given (then RoPE + YaRN)
+    {"color": colour, "linestyle": style, "marker": marker, **REFERENCE_LINE}
+    for colour, style, marker in (
+        ("black", "-", "s"),
+        ("0.45", "--", "^"),
+        ("0.65", "-.", "D"),
+        ("0.3", ":", "v"),
+        ("0.55", (0, (8, 2)), "P"),
+    )
+)
+DIFFERENCE_PAD = 0.1  # of the span of a difference panel's values, either side of them
+MIN_DIFFERENCE_SPAN = 0.02  # nats/token a difference panel's y range spans at least
 ROW_HEIGHT = (0.12, 0.15)  # inches per row of a dot chart or table: a margin, and per line of its name
 ROW_LABEL_WRAP = 75  # characters per line of a row's name on a y axis
 CHAR_WIDTH = 0.055  # inches per character of a y tick label ("small" font), to size the figure around it
@@ -96,42 +125,219 @@ def _rows_height(rows: Mapping[str, Row]) -> float:
     return len(rows) * (ROW_HEIGHT[0] + ROW_HEIGHT[1] * lines)
 
 
-def ppl_vs_length_figure(rows: Mapping[str, Row]) -> Figure | None:
-    """Perplexity against evaluation length: a line through the mean over seeds and a circle per seed,
-    panels as `facets`; a dot chart when only one length was evaluated."""
+def ppl_vs_length_figure(
+    rows: Mapping[str, Row], references: Sequence[str] = PAIRED_REFERENCES
+) -> Figure | None:
+    """Perplexity against evaluation length, every panel beside the references.
+
+    Study by study (`length_panels`): the rows that break past the training length in some seed in
+    perplexity panels (log scale), and the rows flat in every seed (`flat.flat_count`) in difference panels
+    (linear, nats: their mean ln perplexity minus a baseline's at each length), where the 0.05 nats that
+    separate them stay visible. The `references` rows the study has (`stats.reference_rows`) and RoPE's YaRN
+    view (`ppl@yarn/L`) are drawn in grey in every panel of their study; a line per row through its mean
+    over seeds, a circle per seed; legends name a row by its encoding and tuned rate (`short_label`). A dot
+    chart when only one length was evaluated."""
     lengths = key_lengths(_metric_keys(_runs(rows)), "ppl")
     if not lengths:
         return None
     if len(lengths) == 1:
         return _ppl_at_one_length(rows, lengths[0])
-    panels = facets(rows)
-    fig, axes = panel_grid(len(panels))
+    panels = length_panels(rows, references, lengths[-1])
+    fig, axes = panel_grid(len(panels), kinds=[panel.kind for panel in panels])
+    limits = _difference_limits([p for p in panels if p.baseline], lengths)
     for ax, panel in zip(axes, panels, strict=True):
-        _ppl_panel(ax, panel, lengths)
-        ax.set_title(facet_title(panel, PPL_TITLE, len(panels)))
-    label_log_axis(axes[0].yaxis)
-    if len(panels) > 1:
-        fig.suptitle(PPL_TITLE)
+        if panel.baseline:
+            _difference_panel(ax, panel, lengths, limits)
+        else:
+            _ppl_panel(ax, panel, lengths)
+    perplexity = [ax for ax, panel in zip(axes, panels, strict=True) if not panel.baseline]
+    if perplexity:
+        label_log_axis(perplexity[0].yaxis)
+    fig.suptitle(wrap(PPL_TITLE, SUPTITLE_WRAP * min(len(panels), PANEL_COLUMNS)))
     return fig
 
 
-def _ppl_panel(ax: Axes, rows: Mapping[str, Row], lengths: Sequence[int]) -> None:
-    """One panel of `ppl_vs_length_figure`: a line per row, its seeds' values as circles, its legend."""
-    keys = [metric_key("ppl", n) for n in lengths]
-    means = _means(rows, keys)
-    styles, entries = line_styles(rows), legend_entries(rows)
+@dataclass(frozen=True)
+class LengthPanel:
+    """One panel of `ppl_vs_length_figure`: its rows, the reference rows drawn beside them, and for a
+    difference panel the name (among the references) of the row every line is a difference to."""
+
+    title: str
+    rows: dict[str, Row]
+    references: dict[str, Row]
+    baseline: str = ""  # "": a perplexity panel
+
+    @property
+    def kind(self) -> str:
+        """What the panel's y axis shows (panels of one kind share it)."""
+        return "difference" if self.baseline else "perplexity"
+
+
+def length_panels(rows: Mapping[str, Row], references: Sequence[str], longest: int) -> list[LengthPanel]:
+    """The panels of `ppl_vs_length_figure`, study by study: the rows not flat in every seed in panels of
+    whole encodings (`facets`; a panel of the references alone where the study has no other row), then
+    the flat rows against the baseline (`_baseline`), each panel with room for its references."""
+    studies: dict[str, dict[str, Row]] = {}
     for name, row in rows.items():
-        mean = means.loc[name].to_numpy(dtype=float)
-        has = ~np.isnan(mean)
-        ax.plot(np.asarray(lengths)[has], mean[has], label=entries[name], **MARKED, **styles[name])
-        for values in _seed_values(row, keys) if len(row.runs) > 1 else []:
-            ax.plot(lengths, values, color=styles[name]["color"], **SEED_MARK)
-    note = _train_lengths(ax, rows)
+        studies.setdefault(row.study, {})[name] = row
+    panels = []
+    for study, named in studies.items():
+        prefix = f"{study}: " if len(studies) > 1 else ""
+        refs = reference_lines(named, references)
+        others = {name: row for name, row in named.items() if name not in refs}
+        flat = {name: row for name, row in others.items() if _flat(row)}
+        if len(flat) == 1 and not any(_flat(row) for row in refs.values()):
+            flat = {}  # one flat row and no flat reference: nothing to draw it against
+        broken = {name: row for name, row in others.items() if name not in flat}
+        if broken or not flat:
+            title = (BROKEN_TITLE if flat else "perplexity") if broken else REFERENCES_TITLE
+            panels += [LengthPanel(prefix + title, p, refs) for p in facets(broken, _room(refs))]
+        panels += _flat_panels(prefix, flat, refs, longest) if flat else []
+    return panels
+
+
+def _flat_panels(prefix: str, flat: dict[str, Row], refs: dict[str, Row], longest: int) -> list[LengthPanel]:
+    """The difference panels of a study's flat rows (two or more, or one beside a flat reference): against
+    the baseline (`_baseline`), which a flat row then leaves for the references, as their zero line."""
+    candidates = {**{name: row for name, row in refs.items() if _flat(row)}, **flat}
+    baseline = _baseline(candidates, refs, longest)
+    refs = {**refs, baseline: candidates[baseline]}
+    rows = {name: row for name, row in flat.items() if name != baseline}
+    title = f"{prefix}{FLAT_TITLE}, against {short_label(baseline, refs[baseline])}"
+    return [LengthPanel(title, panel, refs, baseline) for panel in facets(rows, _room(refs))]
+
+
+def _baseline(candidates: Mapping[str, Row], refs: Mapping[str, Row], longest: int) -> str:
+    """The name of the row the flat rows are drawn against: of the flat references, else of the flat rows
+    (`candidates` holds both), the one of lowest mean perplexity at the `longest` length."""
+    pool = [name for name in candidates if name in refs] or list(candidates)
+    key = metric_key("ppl", longest)
+    means = _means({name: candidates[name] for name in pool}, [key])[key]
+    return str(means.fillna(math.inf).idxmin())
+
+
+def reference_lines(named: Mapping[str, Row], references: Sequence[str]) -> dict[str, Row]:
+    """One study's reference rows by name: each of `references` it has (`stats.reference_rows`), then
+    RoPE's YaRN view (of a reference, else of the study's one RoPE row) where its runs have one."""
+    found = reference_rows(list(named.values()), references)
+    bases = [*found, *reference_rows(list(named.values()), ["rope"])]
+    yarn = [row for base in bases for row in named.values() if row.label == f"{base.label} + {YARN}"]
+    names = {id(row): name for name, row in named.items()}
+    return {names[id(row)]: row for row in [*found, *yarn[:1]]}
+
+
+def _flat(row: Row) -> bool:
+    """Whether every run of the row that can be judged is flat past its training length (`flat_count`)."""
+    count = flat_count(row)
+    return count is not None and 0 < count.n == count.k
+
+
+def _room(refs: Mapping[str, Row]) -> int:
+    """Rows a panel holds beside these references: MAX_LINES lines in all, at most MAX_SERIES rows."""
+    return max(1, min(MAX_SERIES, MAX_LINES - len(refs)))
+
+
+def _line_styles(panel: LengthPanel) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Each line's keyword arguments and legend entry: a row's as `line_styles` (circles), a reference's
+    grey (REFERENCE_STYLES) and marked "ref"."""
+    styles = {name: {**MARKED, **style} for name, style in line_styles(panel.rows).items()}
+    entries = {name: short_label(name, row) for name, row in panel.rows.items()}
+    for i, (name, row) in enumerate(panel.references.items()):
+        styles[name] = REFERENCE_STYLES[i % len(REFERENCE_STYLES)]
+        entries[name] = f"ref: {short_label(name, row)}" + (": Δ = 0" if name == panel.baseline else "")
+    return styles, entries
+
+
+def _lines(panel: LengthPanel) -> dict[str, Row]:
+    """The panel's rows then its references, the order their lines are drawn and listed."""
+    return {**panel.rows, **panel.references}
+
+
+def _ppl_panel(ax: Axes, panel: LengthPanel, lengths: Sequence[int]) -> None:
+    """A perplexity panel: a line per row and reference, its seeds' values as circles, its legend."""
+    keys = [metric_key("ppl", n) for n in lengths]
+    lines = _lines(panel)
+    means = _means(lines, keys)
+    styles, entries = _line_styles(panel)
+    for name, row in lines.items():
+        seeds = _seed_values(row, keys) if len(row.runs) > 1 else []
+        _draw(ax, lengths, means.loc[name].to_numpy(dtype=float), seeds, styles[name], entries[name])
+    note = _train_lengths(ax, lines)
     ax.set_yscale("log")
     length_axis(ax, lengths)
     ax.set_xlabel(f"evaluation length L (tokens{note})")
     ax.set_ylabel("perplexity (log scale)")
+    ax.set_title(wrap(panel.title, TITLE_WRAP))
     legend_right(ax)
+
+
+def _draw(
+    ax: Axes, lengths: Sequence[int], mean: np.ndarray, seeds: Iterable, style: dict[str, Any], label: str
+) -> None:
+    """A line through the mean where it has values, and a circle per seed in its colour."""
+    has = ~np.isnan(mean)
+    ax.plot(np.asarray(lengths)[has], mean[has], label=label, **style)
+    for values in seeds:
+        ax.plot(lengths, values, color=style["color"], **SEED_MARK)
+
+
+def _seed_logs(row: Row, keys: Sequence[str]) -> pd.DataFrame:
+    """ln perplexity (the mean loss, nats per token) of each run (index: its seed) at each key (columns)."""
+    return pd.DataFrame(np.log(np.asarray(_seed_values(row, keys), float)), index=[r.seed for r in row.runs])
+
+
+def differences(row: Row, baseline: Row, keys: Sequence[str]) -> tuple[np.ndarray, pd.DataFrame]:
+    """The row's mean ln perplexity minus the baseline's at each key (nats per token), and each run's: its
+    ln perplexity minus the baseline's run of its seed (seed-matched), or the baseline's mean where the
+    baseline has no run of that seed."""
+    mine, theirs = _seed_logs(row, keys), _seed_logs(baseline, keys)
+    mean = mine.mean().to_numpy() - theirs.mean().to_numpy()
+    paired = theirs.reindex(mine.index).fillna(theirs.mean())
+    return mean, mine - paired
+
+
+def _difference_limits(panels: Sequence[LengthPanel], lengths: Sequence[int]) -> tuple[float, float]:
+    """The y range the difference panels share: 0 and every value (means and seeds) of their rows and of
+    their flat references, padded (DIFFERENCE_PAD of the span, the span at least MIN_DIFFERENCE_SPAN); a
+    reference that breaks leaves it (its legend entry says from where)."""
+    keys = [metric_key("ppl", n) for n in lengths]
+    values = [0.0]
+    for panel in panels:
+        scaled = {**panel.rows, **{n: r for n, r in panel.references.items() if _flat(r)}}
+        for row in scaled.values():
+            mean, seeds = differences(row, panel.references[panel.baseline], keys)
+            values += [*mean[np.isfinite(mean)], *seeds.stack().dropna()]
+    low, high = min(values), max(values)
+    pad = max(DIFFERENCE_PAD * (high - low), (MIN_DIFFERENCE_SPAN - (high - low)) / 2)
+    return low - pad, high + pad
+
+
+def _difference_panel(
+    ax: Axes, panel: LengthPanel, lengths: Sequence[int], limits: tuple[float, float]
+) -> None:
+    """A difference panel: each row's and reference's mean ln perplexity minus the baseline's (the zero
+    line), each seed's against the baseline's run of that seed as circles, within `limits`."""
+    keys = [metric_key("ppl", n) for n in lengths]
+    styles, entries = _line_styles(panel)
+    base = panel.references[panel.baseline]
+    for name, row in _lines(panel).items():
+        mean, seeds = differences(row, base, keys)
+        drawn = seeds.to_numpy() if len(row.runs) > 1 and name in panel.rows else []
+        _draw(ax, lengths, mean, drawn, styles[name], entries[name] + _off_scale(mean, lengths, limits))
+    note = _train_lengths(ax, _lines(panel))
+    length_axis(ax, lengths)
+    ax.set_ylim(*limits)
+    ax.set_xlabel(f"evaluation length L (tokens{note})")
+    ax.set_ylabel("Δ ln perplexity (nats/token)")
+    ax.set_title(wrap(panel.title, TITLE_WRAP))
+    legend_right(ax)
+
+
+def _off_scale(mean: np.ndarray, lengths: Sequence[int], limits: tuple[float, float]) -> str:
+    """A legend entry's note for a line that leaves the panel: from which length on ("" for none)."""
+    low, high = limits
+    outside = [n for n, x in zip(lengths, mean, strict=True) if np.isfinite(x) and not low <= x <= high]
+    return f", off the panel from L = {outside[0]}" if outside else ""
 
 
 def _ppl_at_one_length(rows: Mapping[str, Row], length: int) -> Figure:
@@ -330,9 +536,11 @@ def _shift_text(metric: str, value: float) -> str:
     return f"{value:.1e}" if metric == "kl" else f"{value:.3f}"
 
 
-def plot_ppl_vs_length(rows: Mapping[str, Row], path: Path) -> Path | None:
+def plot_ppl_vs_length(
+    rows: Mapping[str, Row], path: Path, references: Sequence[str] = PAIRED_REFERENCES
+) -> Path | None:
     """`ppl_vs_length_figure` as a PNG at `path`."""
-    return save(ppl_vs_length_figure(rows), path)
+    return save(ppl_vs_length_figure(rows, references), path)
 
 
 def plot_position_loss(rows: Mapping[str, Row], path: Path) -> Path | None:

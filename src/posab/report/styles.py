@@ -59,6 +59,29 @@ TITLE_WRAP = 70  # characters per line of a panel's title
 MIN_LOG_TICKS = 4  # labelled ticks a log axis gets at least, where its range allows
 SWEPT_VALUE = re.compile(r", (?=[\w.]+=)")  # between two swept values of a label, not inside one
 LOG_MANTISSAS = ((1.0,), (1.0, 2.0, 5.0), tuple(float(m) for m in range(1, 10)))
+ENCODING_NAMES = {  # how the readings write an encoding; any other encoding keeps its config name
+    "alibi": "ALiBi",
+    "cope": "CoPE",
+    "dape_alibi": "DAPE-ALiBi",
+    "dape_multiscale": "DAPE-multi-scale",
+    "fire": "FIRE",
+    "fox": "FoX",
+    "kerple": "KERPLE",
+    "multiscale": "multi-scale",
+    "nope": "NoPE",
+    "randomized_alibi": "randomized ALiBi",
+    "randomized_learned": "randomized learned",
+    "randomized_rope": "randomized RoPE",
+    "randomized_sinusoidal": "randomized sinusoidal",
+    "rnope_swa": "RNoPE-SWA",
+    "rope": "RoPE",
+    "stickbreaking": "stick-breaking",
+    "swan": "SWAN",
+    "t5": "T5",
+    "xpos": "xPos",
+}
+SCALING_NAMES = {"pi": "PI", "ntk": "NTK", "yarn": "YaRN"}  # RoPE's evaluation-time scalings
+SHORT_KEYS = {"train.lr": "lr", "encoding.lr_mult": "lr_mult"}  # a swept key as a short label names it
 
 
 def encoding_colours(encodings: Iterable[str]) -> dict[str, Any]:
@@ -162,6 +185,39 @@ def legend_entries(panel: Mapping[str, Row]) -> dict[str, str]:
     return entries
 
 
+def display_name(encoding: str) -> str:
+    """The encoding as the readings write it (ENCODING_NAMES), else its config name."""
+    return ENCODING_NAMES.get(encoding, encoding)
+
+
+def short_value(key: str, value: str) -> str:
+    """One swept value, short: `train.lr=0.003` -> "lr 3e-3", `encoding.lr_mult=10` -> "lr_mult 10", any
+    other key without its group (`data.anchors=false` -> "anchors=false")."""
+    if key not in SHORT_KEYS:
+        return f"{key.rsplit('.', 1)[-1]}={value}"
+    try:
+        number = float(value)
+    except ValueError:
+        return f"{SHORT_KEYS[key]} {value}"
+    mantissa, exponent = f"{number:.2e}".split("e")
+    rate = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}" if number < 0.01 else f"{number:g}"
+    return f"{SHORT_KEYS[key]} {rate}"
+
+
+def short_label(name: str, row: Row) -> str:
+    """A row's name for a reader: its encoding's display name and, in parentheses, its swept values short
+    (`short_value`: the SHORT_KEYS first, `encoding.lr_mult` at 1 left out), then its RoPE scaling: "FoX
+    (lr 3e-3)", "RoPE + YaRN (lr 6e-3)"; a study's prefix on `name` is kept."""
+    parts = sorted(
+        (part.split("=", 1) for part in _swept_parts(row) if "=" in part),
+        key=lambda kv: list(SHORT_KEYS).index(kv[0]) if kv[0] in SHORT_KEYS else len(SHORT_KEYS),
+    )
+    values = [short_value(k, v) for k, v in parts if not (k == "encoding.lr_mult" and float(v) == 1.0)]
+    scaling = f" + {SCALING_NAMES.get(row.scaling, row.scaling)}" if row.scaling else ""
+    swept = f" ({', '.join(values)})" if values else ""
+    return name.removesuffix(row.label) + display_name(row.encoding) + scaling + swept
+
+
 def facet_title(panel: Mapping[str, Row], title: str, panels: int) -> str:
     """A panel's title: `title` itself when it is the figure's only panel, else the encodings it holds;
     then the swept values all its rows share."""
@@ -171,16 +227,22 @@ def facet_title(panel: Mapping[str, Row], title: str, panels: int) -> str:
     return wrap(head, TITLE_WRAP) + note
 
 
-def panel_grid(panels: int, size: tuple[float, float] = PANEL_SIZE) -> tuple[Figure, list[Axes]]:
-    """A figure of `panels` axes, PANEL_COLUMNS to a line, sharing their y axis, each `size` inches with
-    room for its legend; constrained layout."""
+def panel_grid(
+    panels: int, size: tuple[float, float] = PANEL_SIZE, kinds: Sequence[str] | None = None
+) -> tuple[Figure, list[Axes]]:
+    """A figure of `panels` axes, PANEL_COLUMNS to a line, each `size` inches with room for its legend;
+    constrained layout. The axes share their y axis: all of them, or, given each panel's kind (`kinds`),
+    those of one kind (perplexity panels with each other, difference panels with each other)."""
     ncols = min(panels, PANEL_COLUMNS)
     nrows = math.ceil(panels / ncols)
     fig = new_figure(size[0] * ncols, size[1] * nrows, layout="constrained")
     grid = fig.add_gridspec(nrows, ncols)
     axes = [fig.add_subplot(grid[i // ncols, i % ncols]) for i in range(panels)]
-    for ax in axes[1:]:
-        ax.sharey(axes[0])
+    kinds = kinds or [""] * panels
+    first: dict[str, Axes] = {}
+    for ax, kind in zip(axes, kinds, strict=True):
+        if first.setdefault(kind, ax) is not ax:
+            ax.sharey(first[kind])
     return fig, axes
 
 
