@@ -345,6 +345,9 @@ RESULTS = {
     "git_commit_start": "a" * 40,
     "git_dirty_start": True,
     "resumed_from_step": 400,
+    "started_at": "2026-12-06T07:01:02Z",
+    "claims_files_start": "results/study/claims/pending/part11.csv:0123456789ab",
+    "git_untracked_start": "conf/experiment/mine.yaml",
     "precision": "bf16",
     "machine": {
         "cpu_capability": "AVX512",
@@ -368,6 +371,9 @@ def test_the_provenance_columns_round_trip_through_runs_csv(tmp_path: Path) -> N
         "cpu_capability": "AVX512",
         "math_isa": "ONEDNN_MAX_CPU_ISA=unset | MKL 2024.2 | oneDNN v3.12.0 | cpu: avx2",
         "versions": "torch=2.13.0+cpu numpy=2.1.3",  # an uninstalled package is left out
+        "started_at": "2026-12-06T07:01:02Z",
+        "claims_files_start": "results/study/claims/pending/part11.csv:0123456789ab",
+        "git_untracked_start": "conf/experiment/mine.yaml",
     }
     write_csv([loaded], tmp_path / "runs.csv")
     (back,) = load_csv(tmp_path / "runs.csv")

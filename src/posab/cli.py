@@ -13,7 +13,10 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("posab.run.reevaluation", "re-evaluate a finished run without retraining"),
     "report": ("posab.report.cli", "tables, statistics and plots over runs, sweeps or a runs.csv"),
-    "claims": ("posab.report.readings", "test every claim of a study once; write its verdicts and readings"),
+    "claims": (
+        "posab.report.readings",
+        "test every claim of a study once; write its verdicts and readings (`claims plan`: seeds to plan)",
+    ),
     "needle-report": ("posab.report.needle", "retrieval by length and stage curves of passkey-stage runs"),
     "tuning": ("posab.report.tuning", "the learning-rate pilot's picks"),
     "tasks": (

@@ -2,6 +2,8 @@
 (`verdicts.claim_verdicts`), writes `claims/verdicts.csv` and `claims/README.md`, and rewrites the block
 between BEGIN and END in each file given with `--write` (README.md's results, the study's README), so that
 no sentence there can give a claim another verdict than its test; a test checks the blocks are current.
+It first refuses a preregistered family whose declared `seeds` cannot reach α (`power.underpowered`).
+`posab claims plan FILE ...` plans a family's seeds before its runs (`posab.report.power`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from pathlib import Path
 import pandas as pd
 
 from posab.io import write_text
-from posab.report.claims import VERDICTS_FILE, read_claims_dir
+from posab.report.claims import FIXED_SEQUENCE, HOLM, LEAST_ADJUSTED, VERDICTS_FILE, read_claims_dir
+from posab.report.forest import write_forest_plots
 from posab.report.markdown import markdown_table
+from posab.report.power import main as plan_main
+from posab.report.power import underpowered
 from posab.report.records import ReportError
-from posab.report.resampling import EXACT_SPLITS, least_holm_p, least_one_sided_p
+from posab.report.resampling import EXACT_SPLITS, least_one_sided_p
 from posab.report.stats import ALPHA, PAIRED_DESIGNS, PAIRED_METRICS
 from posab.report.verdicts import claim_verdicts, study_pool
 
@@ -37,51 +42,73 @@ LEGEND = (
     "unmatched: what differs between the compared runs besides the arm (precision, cpu, kernels, commit; "
     "`?`: not recorded by some run)",
 )
+ADJUSTED_COLUMN = {HOLM: "Holm", FIXED_SEQUENCE: "fixed seq."}  # a family table's adjusted p, by procedure
+FIXED_SEQUENCE_LEGEND = (  # after the p item, where a family declares `procedure: fixed-sequence`
+    "fixed sequence (a family that declares it, in place of Holm): its claims tested in their file order, "
+    f"each at α = {ALPHA}, until the first whose p is not below it; the i-th claim's adjusted p, which the "
+    "verdict compares with α, is the largest p of the first i (Maurer et al. 1995; Westfall & Krishen 2001)"
+)
 
 
 def claims_section(frame: pd.DataFrame) -> list[str]:
-    """The verdicts as Markdown: one table per family, then the legend."""
+    """The verdicts as Markdown: one table per family, then the legend (FIXED_SEQUENCE_LEGEND where a
+    family declares that procedure)."""
     lines: list[str] = []
     for family, claims in frame.groupby("family", sort=False):
         statuses = ", ".join(sorted(set(claims["status"])))
         lines += [
             f"**Family `{family}`** ({statuses}; {len(claims)} claim(s); registered: "
-            f"{claims['registered'].iloc[0]}). {holm_floor(claims)}",
+            f"{claims['registered'].iloc[0]}). {family_floor(claims)}",
             "",
         ]
-        lines += [*markdown_table(_HEADER, [_cells(line) for _, line in claims.iterrows()]), ""]
-    return [*lines, "Legend:", "", *(f"- {item}" for item in LEGEND)]
+        header = _header(claims["procedure"].iloc[0])
+        lines += [*markdown_table(header, [_cells(line) for _, line in claims.iterrows()]), ""]
+    legend = list(LEGEND)
+    if FIXED_SEQUENCE in set(frame["procedure"]):
+        legend.insert(2, FIXED_SEQUENCE_LEGEND)
+    return [*lines, "Legend:", "", *(f"- {item}" for item in legend)]
 
 
-def holm_floor(claims: pd.DataFrame) -> str:
-    """The least Holm-adjusted p a family can reach at its claims' numbers of seeds: m claims times the least
-    one-sided p of any of them (Holm's first step), whatever the runs' values; at or above ALPHA, none of
-    its claims can be `ordered`."""
+def family_floor(claims: pd.DataFrame) -> str:
+    """The least adjusted p a family can reach at its claims' numbers of seeds under its procedure, whatever
+    the runs' values: Holm's first step, m claims times the least one-sided p of any of them; the fixed
+    sequence's first claim's least p (every adjusted p is at least it). At or above ALPHA, none of its
+    claims can be `ordered`."""
     leasts = [
         least_one_sided_p(line["seeds_row"], line["seeds_reference"], line["design"] in PAIRED_DESIGNS)
         for _, line in claims.iterrows()
     ]
-    least, floor = min(leasts), least_holm_p(leasts)
+    procedure = claims["procedure"].iloc[0]
+    floor = LEAST_ADJUSTED[procedure](leasts)
     reach = (
         f"at or above α = {ALPHA}: none of its claims can be `ordered`"
         if floor >= ALPHA
         else f"below α = {ALPHA}"
     )
-    return f"The least Holm p its seeds allow: {len(claims)} × 1/{round(1 / least)} = {floor:.3f}, {reach}."
+    if procedure == FIXED_SEQUENCE:
+        return (
+            f"A fixed sequence: its claims are tested in this order, each at α = {ALPHA}, until the first "
+            f"whose p is not below it. The least adjusted p its seeds allow, its first claim's least p: "
+            f"1/{round(1 / leasts[0])} = {floor:.3f}, {reach}."
+        )
+    least = round(1 / min(leasts))
+    return f"The least Holm p its seeds allow: {len(claims)} × 1/{least} = {floor:.3f}, {reach}."
 
 
-_HEADER = [
-    "claim",
-    "statement",
-    "comparison",
-    "design, test",
-    "pairs",
-    "Δ [95%]",
-    "p",
-    "Holm",
-    "verdict",
-    "unmatched",
-]
+def _header(procedure: str) -> list[str]:
+    """A family's table columns, its adjusted p named for its procedure (ADJUSTED_COLUMN)."""
+    return [
+        "claim",
+        "statement",
+        "comparison",
+        "design, test",
+        "pairs",
+        "Δ [95%]",
+        "p",
+        ADJUSTED_COLUMN[procedure],
+        "verdict",
+        "unmatched",
+    ]
 
 
 def _cells(line: pd.Series) -> list[str]:
@@ -117,24 +144,26 @@ def add_write_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: `posab claims STUDY_DIR [--write FILE ...]`; returns the exit code."""
+    """CLI: `posab claims STUDY_DIR [--write FILE ...]`, or `posab claims plan FILE ...` (`power.main`: a
+    first argument `plan`; a study folder named so is `./plan`); returns the exit code."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["plan"]:
+        return plan_main(arguments[1:])
     parser = argparse.ArgumentParser(
         prog="posab claims",
         description="Test every claim of a study once (STUDY_DIR/claims/*.csv over STUDY_DIR/*/runs.csv): "
-        "write claims/verdicts.csv, claims/README.md, and the claims block of each --write file.",
+        "write claims/verdicts.csv, claims/README.md, a forest plot per family (claims/forest_FAMILY.png) "
+        "and the claims block of each --write file. "
+        "`posab claims plan FILE ...`: a family's power before its runs (`posab claims plan --help`).",
     )
     parser.add_argument("study_dir", type=Path, help="the study's folder (e.g. results/study)")
     add_write_argument(
         parser, "Markdown files whose claims block to rewrite (README.md, results/study/README.md)"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
+    folder = args.study_dir / "claims"
     try:
-        folder = args.study_dir / "claims"
-        frame = claim_verdicts(read_claims_dir(folder, PAIRED_METRICS), study_pool(args.study_dir))
-        block = claims_section(frame)
-        texts = {
-            path: replace_block(path.read_text(encoding="utf-8"), block, str(path)) for path in args.write
-        }
+        frame, block, texts = _readings(args.study_dir, args.write)
     except (ReportError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -142,5 +171,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_text(folder / "README.md", "\n".join(["# The study's claims, tested", "", *block, ""]))
     for path, text in texts.items():
         write_text(path, text)
+    plots = write_forest_plots(frame, folder)
     print(f"{folder / VERDICTS_FILE}: {len(frame)} claims in {frame['family'].nunique()} families")
+    print(f"{folder}: {len(plots)} forest plots (forest_FAMILY.png)")
     return 0
+
+
+def _readings(study_dir: Path, write: Sequence[Path]) -> tuple[pd.DataFrame, list[str], dict[Path, str]]:
+    """The study's verdicts, their block, and each `write` file's text with it; a preregistered family that
+    cannot reach ALPHA at the seeds it declares is an error (`power.underpowered`), before any test."""
+    claims = read_claims_dir(study_dir / "claims", PAIRED_METRICS)
+    refused = underpowered(claims)
+    if refused:
+        raise ReportError(f"cannot reach α = {ALPHA} at its declared seeds: {'; '.join(refused)}")
+    frame = claim_verdicts(claims, study_pool(study_dir))
+    block = claims_section(frame)
+    texts = {path: replace_block(path.read_text(encoding="utf-8"), block, str(path)) for path in write}
+    return frame, block, texts

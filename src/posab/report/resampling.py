@@ -10,8 +10,9 @@ error, exact permutation tests on the seeds (unpaired and paired), Holm's correc
 - `sign_flip_p`: the seed-level test of paired rows (the same weights, or runs matched by seed), on the
   per-seed differences of those means (Good 2005, ch. 3: the paired permutation test, every sign flipped).
 - `least_one_sided_p`: the smallest p either seed-level test can give at a number of seeds (a design's floor).
-- `least_holm_p`: the least Holm-adjusted p a family of such designs can reach.
+- `least_holm_p`, `least_fixed_sequence_p`: the least adjusted p a family of such designs can reach.
 - `holm`: Holm's (1979) step-down adjustment of a family of p-values.
+- `fixed_sequence`: the fixed-sequence (gatekeeping) adjustment of an ordered family of p-values.
 - `wilson_interval`: Wilson's (1927) score interval of a proportion k of n.
 """
 
@@ -216,6 +217,12 @@ def least_holm_p(least_p_values: Sequence[float]) -> float:
     return len(least_p_values) * min(least_p_values)
 
 
+def least_fixed_sequence_p(least_p_values: Sequence[float]) -> float:
+    """The least fixed-sequence-adjusted p a family can reach, given each claim's least one-sided p in the
+    family's order: its first claim's (every adjusted p is at least the first claim's p)."""
+    return least_p_values[0]
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's (1979) step-down adjusted p-values: the i-th smallest of m becomes the largest of
     min(1, (m - j + 1) p_(j)) over j <= i; rejecting where adjusted p < alpha controls the family-wise error
@@ -226,6 +233,15 @@ def holm(p_values: Sequence[float]) -> list[float]:
     adjusted = np.empty_like(p)
     adjusted[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
     return adjusted.tolist()
+
+
+def fixed_sequence(p_values: Sequence[float]) -> list[float]:
+    """The fixed-sequence adjusted p-values of hypotheses tested in their given order (Maurer et al. 1995;
+    Westfall & Krishen 2001): each is tested at alpha until the first that is not rejected, and the i-th
+    adjusted p is the largest of p_1 .. p_i. Rejecting where adjusted p < alpha controls the family-wise
+    error at alpha, as Holm's does, with no multiplier: a claim is tested only once every earlier one was
+    rejected, so the first failure ends the family, however small the later p-values."""
+    return np.maximum.accumulate(np.asarray(p_values, dtype=np.float64)).tolist()
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:

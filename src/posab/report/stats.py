@@ -49,7 +49,7 @@ TABLE_STATISTICS = ("mean", "std", "count")  # std: pandas' sample std, ddof=1
 BAND_STATISTICS = ("mean", "min", "max")
 PAIRED_REFERENCES = ("nope", "alibi")  # the default rows every other row is compared with (`reference_rows`)
 PAIRED_METRICS = ("loss", "loss_tail")  # compared per-window keys: `loss/L`, `loss_tail/L` (L > training)
-ALPHA = 0.05  # the level of the seed-level test (Holm-adjusted within a claim's declared family)
+ALPHA = 0.05  # the level of the seed-level test (adjusted within a claim's declared family)
 ORDERED, SUGGESTIVE, INDISTINGUISHABLE = "ordered", "suggestive", "indistinguishable"
 OPPOSITE = "opposite"  # a claim whose interval excludes 0 on the side it did not claim
 EXPLORATORY = "exploratory"  # the `family` of a comparison no claims file names
@@ -100,7 +100,7 @@ PAIRED_COLUMNS = (
     "p_seeds",  # the design's test, exact, two-sided
     "family",  # EXPLORATORY, or the family of the claim that names the comparison
     "claim",  # the claim's id (`FAMILY.N`), "" for an exploratory comparison
-    "p_holm",  # a claim's one-sided p, Holm-adjusted within its declared family; empty when exploratory
+    "p_holm",  # a claim's one-sided p adjusted within its family (its procedure); empty when exploratory
     "verdict",  # ORDERED, SUGGESTIVE, INDISTINGUISHABLE or OPPOSITE (`exploratory_verdict`, claims)
 )
 
@@ -215,9 +215,10 @@ def exploratory_verdict(interval_excludes_zero: bool, p_seeds: float) -> str:
 
 
 def verdict(interval_on_claimed_side: bool, interval_on_other_side: bool, p_holm: float) -> str:
-    """A claim's verdict: ORDERED when its interval excludes 0 on the claimed side (stably) and its Holm-
-    adjusted one-sided p < ALPHA; SUGGESTIVE when one of the two holds; OPPOSITE when the interval excludes
-    0 on the other side; else INDISTINGUISHABLE."""
+    """A claim's verdict: ORDERED when its interval excludes 0 on the claimed side (stably) and its one-sided
+    p, adjusted within its family by the family's procedure (Holm, or a fixed sequence), < ALPHA; SUGGESTIVE
+    when one of the two holds; OPPOSITE when the interval excludes 0 on the other side; else
+    INDISTINGUISHABLE."""
     if interval_on_other_side:
         return OPPOSITE
     holds = int(interval_on_claimed_side) + int(p_holm < ALPHA)

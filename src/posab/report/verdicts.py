@@ -3,10 +3,10 @@
 `claim_verdicts` pools the finished runs of every report folder of a study (a run copied into two folders is
 one run: the same name, the same per-window losses), builds each claim's two rows from its selectors,
 compares them as `posab.report.stats` does (the design, its interval and its test, one-sided in the stated
-direction), and Holm-adjusts within each declared family. `posab claims STUDY_DIR` writes the result,
-`claims/verdicts.csv`, and the generated readings (`claims_section`); `posab report --claims
-claims/verdicts.csv` gives each claimed comparison of a report that verdict, so a comparison has one
-verdict wherever it is reported.
+direction), and adjusts within each declared family by its procedure (`claims.PROCEDURES`: Holm's
+step-down, or a fixed sequence). `posab claims STUDY_DIR` writes the result, `claims/verdicts.csv`, and the
+generated readings (`claims_section`); `posab report --claims claims/verdicts.csv` gives each claimed
+comparison of a report that verdict, so a comparison has one verdict wherever it is reported.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from posab.report.claims import POST_HOC, Claim, claim_rows, family_holm
+from posab.report.claims import POST_HOC, Claim, claim_rows, family_adjusted
 from posab.report.matching import run_key
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import load_csv
@@ -44,7 +44,8 @@ VERDICT_COLUMNS = (
     "low",
     "high",
     "p_claim",  # the design's test, one-sided in the claim's direction
-    "p_holm",  # p_claim Holm-adjusted within the family
+    "procedure",  # the family's adjustment (`claims.PROCEDURES`): holm or fixed-sequence
+    "p_holm",  # the family-adjusted p under its declared procedure (named for Holm, its default)
     "verdict",
     "registered",
 )
@@ -64,11 +65,11 @@ def study_pool(study_dir: Path) -> list[RunRecord]:
 
 
 def claim_verdicts(claims: Sequence[Claim], pool: Sequence[RunRecord]) -> pd.DataFrame:
-    """One line per claim (VERDICT_COLUMNS): its comparison over the pool's runs, its one-sided p, Holm
-    within its family, and its verdict (`claim_verdict`)."""
+    """One line per claim (VERDICT_COLUMNS): its comparison over the pool's runs, its one-sided p, that p
+    adjusted within its family by the family's procedure, and its verdict (`claim_verdict`)."""
     lines = [_claim_line(claim, pool) for claim in claims]
     frame = pd.DataFrame(lines)
-    frame["p_holm"] = family_holm(frame)
+    frame["p_holm"] = family_adjusted(frame)
     frame["verdict"] = [claim_verdict(line) for _, line in frame.iterrows()]
     return frame[list(VERDICT_COLUMNS)]
 
@@ -83,6 +84,7 @@ def _claim_line(claim: Claim, pool: Sequence[RunRecord]) -> dict[str, Any]:
         "status": claim.status,
         "statement": claim.statement,
         "direction": claim.direction,
+        "procedure": claim.procedure,
         "registered": claim.registered,
     }
 
