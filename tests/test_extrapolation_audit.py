@@ -16,6 +16,8 @@ from conftest import ENCODINGS, run_main, tiny_model, typed_config
 from posab.data import CorpusData
 from posab.encodings.alibi import alibi_slopes
 from posab.encodings.base import Dims, Encoding, Positions
+from posab.encodings.cope import CoPE
+from posab.encodings.fox import FoX
 from posab.encodings.multiscale import MultiScale
 from posab.errors import ConfigError
 from posab.evaluate import EvalConfig, run_evaluator
@@ -37,9 +39,9 @@ from posab.run.audit_backfill import backfill_run
 
 TRAIN_LEN = 32
 LENGTHS = [16, 32, 64]
-CONTENT_REPORTED = {  # part 4: what the content-dependent encodings' forms report at every length
-    "fox": ("gate_log", "gate_bias_far"),
-    "cope": ("cope_count_last", "cope_count_mean", "cope_count_max", "cope_clamped"),
+CONTENT_REPORTED = {  # part 4: what the content-dependent encodings' forms (and their subclasses') report
+    FoX: ("gate_log", "gate_bias_far"),
+    CoPE: ("cope_count_last", "cope_count_mean", "cope_count_max", "cope_clamped"),
 }
 # Every encoding is audited alike: a bias curve exactly where it offers its bias by distance (`distance_bias`,
 # which must then be the model's own bias; an additive bias without one fails), novelty exactly where it
@@ -213,8 +215,9 @@ def test_every_encoding_gets_attention_statistics_and_bias_curves_where_it_has_t
     assert len(output.tables["extrapolation_attention"].rows) == len(LENGTHS) * layers * heads
     means = [key[len("audit/") :].split("@") for key in scalars if "@" in key and "/layer" not in key]
     content = {(name, int(length)) for name, length in means if name in AUDIT_CONTENT_METRICS}
-    expected = {name: LENGTHS for name in CONTENT_REPORTED.get(encoding, ())}
-    if encoding == "cope":  # read against the pass at the training length, past it
+    reported = [names for kind, names in CONTENT_REPORTED.items() if isinstance(ctx.model.encoding, kind)]
+    expected = {name: LENGTHS for names in reported for name in names}
+    if isinstance(ctx.model.encoding, CoPE):  # read against the pass at the training length, past it
         expected["cope_past_trained"] = [length for length in LENGTHS if length > TRAIN_LEN]
     assert content == {(name, length) for name, lengths in expected.items() for length in lengths}
     has_curve = "extrapolation_bias" in output.arrays

@@ -20,17 +20,22 @@ from conftest import CONF, ENCODINGS, ROOT, isolated_env, tiny_model
 from posab.paths import CONF_ENV, encoding_options
 from posab.sweep_lists import LEGACY_ORDER, has_parameters, sweep_order
 
-NAME = "throwaway"
-MODULE = "posab_throwaway_encoding"
-# ALiBi at a fraction of its slopes times a learned gain per head: an additive bias with a parameter, so
-# that it joins both derived lists (every encoding, and those with parameters) and the bias checks.
-SOURCE = '''"""A throwaway encoding for tests/test_new_encoding.py."""
+MODULE = "posab_throwaway_encodings"
+# Five throwaways a new user could add, each its class (or a second yaml of one) in a module of its own:
+# a distance bias with a parameter (ALiBi at a fraction of its slopes times a learned gain per head, so that
+# it joins both derived lists and the bias checks), the same class at another fraction, a rotary encoding
+# (RoPE without its lowest frequencies, as p-RoPE), a content-dependent one (FoX with its gates starting
+# near 1, x-transformers' DataDependentAlibi) and a NoPE by another name.
+SOURCE = '''"""Throwaway encodings for tests/test_new_encoding.py."""
 
 import torch
 from torch import Tensor, nn
 
 from posab.encodings.alibi import ALiBi
 from posab.encodings.base import Dims
+from posab.encodings.fox import FoX
+from posab.encodings.nope import NoPE
+from posab.encodings.rope import RoPE
 
 
 class Throwaway(ALiBi):
@@ -43,17 +48,66 @@ class Throwaway(ALiBi):
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         return -(self.slopes * self.gain)[:, None] * distance[None, :]
+
+
+class ThrowawayRotary(RoPE):
+    """RoPE rotating by its `keep` highest frequencies only (the others at angle 0), as p-RoPE."""
+
+    def __init__(self, dims: Dims, keep: float = 0.75) -> None:
+        super().__init__(dims)
+        self.kept = max(1, round(keep * self.rotary_dim / 2))
+
+    def _grow(self, max_position: int) -> None:
+        full = self.inv_freq
+        self.inv_freq = torch.where(torch.arange(len(full), device=full.device) < self.kept, full, 0.0)
+        try:
+            super()._grow(max_position)
+        finally:
+            self.inv_freq = full
+
+
+class ThrowawayForget(FoX):
+    """FoX with its gate biases starting at 5 (forget gates near 1)."""
+
+    def __init__(self, dims: Dims) -> None:
+        super().__init__(dims, gate_bias_init=5.0)
+
+
+class ThrowawayNope(NoPE):
+    """NoPE by another name."""
 '''
-YAML = f"""# A throwaway: ALiBi at half its slopes, times a learned gain per head (test_new_encoding.py).
-name: {NAME}
-_target_: {MODULE}.Throwaway
-fraction: 0.5  # of ALiBi's slopes
-lr_mult: 1.0  # the encoding's parameters train at train.lr x lr_mult (an AdamW group of their own)
+OPTIMIZER = """lr_mult: 1.0  # the encoding's parameters train at train.lr x lr_mult (an AdamW group)
 weight_decay: 0.0  # on the encoding's parameters: none
 """
-# The tests the throwaway must go through besides its own parametrized ones: the presets that cover every
-# encoding sweep it, and tune_lr grids its lr_mult (it has a parameter).
-PRESET_TESTS = ("preset_that_says_every_encoding", "tune_lr_gives_every_encoding")
+YAMLS = {  # name: its conf/encoding yaml
+    "throwaway": f"""# A throwaway: ALiBi at half its slopes, times a learned gain per head.
+name: throwaway
+_target_: {MODULE}.Throwaway
+fraction: 0.5  # of ALiBi's slopes
+{OPTIMIZER}""",
+    "throwaway_quarter": f"""# A throwaway: ALiBi at a quarter of its slopes, times a learned gain per head.
+name: throwaway_quarter
+_target_: {MODULE}.Throwaway
+fraction: 0.25  # of ALiBi's slopes
+{OPTIMIZER}""",
+    "throwaway_rotary": f"""# A throwaway: RoPE at its highest 3/4 of frequencies (as p-RoPE).
+name: throwaway_rotary
+_target_: {MODULE}.ThrowawayRotary
+keep: 0.75  # of the frequencies, the highest
+{OPTIMIZER}""",
+    "throwaway_forget": f"""# A throwaway: FoX with its gate biases at 5 (x-transformers' DataDependentAlibi).
+name: throwaway_forget
+_target_: {MODULE}.ThrowawayForget
+{OPTIMIZER}""",
+    "throwaway_nope": f"""# A throwaway: NoPE by another name.
+name: throwaway_nope
+_target_: {MODULE}.ThrowawayNope
+{OPTIMIZER}""",
+}
+# The tests the throwaways must go through besides their own parametrized ones: the presets that cover
+# every encoding sweep them, tune_lr grids the lr_mult of those with a parameter, and the figures' colours
+# (an encoding's colour once moved with every added name).
+PRESET_TESTS = ("preset_that_says_every_encoding", "tune_lr_gives_every_encoding", "colour")
 SUBPROCESS_TIMEOUT = 1800  # seconds: the fast tier's tests of one encoding, collected from every test file
 
 
@@ -91,10 +145,12 @@ def test_a_preset_read_without_hydra_takes_the_encodings_of_the_conf_folder() ->
 
 
 def two_file_conf(root: Path) -> tuple[Path, Path]:
-    """A copy of conf/ with NAME's yaml, and a folder holding NAME's module: (conf folder, module folder)."""
+    """A copy of conf/ with the throwaways' yamls, and a folder holding their module: (conf folder, module
+    folder)."""
     conf, modules = root / "conf", root / "modules"
     shutil.copytree(CONF, conf)
-    (conf / "encoding" / f"{NAME}.yaml").write_text(YAML)
+    for name, text in YAMLS.items():
+        (conf / "encoding" / f"{name}.yaml").write_text(text)
     modules.mkdir()
     (modules / f"{MODULE}.py").write_text(SOURCE)
     return conf, modules
@@ -113,12 +169,12 @@ def junit_cases(path: Path) -> list[tuple[str, str, str]]:
 
 @pytest.mark.e2e
 def test_a_new_encoding_is_its_class_and_its_yaml(tmp_path: Path) -> None:
-    """The fast tier's tests of every encoding, run on the throwaway alone (`-k`): its parametrized tests
-    in whichever test files have them (at least test_model's), and the preset tests, pass with no other
-    file edited."""
+    """The fast tier's tests of every encoding, run on the five throwaways alone (`-k`): their parametrized
+    tests in whichever test files have them (at least test_model's), the preset tests and the colour tests
+    pass with no other file edited."""
     conf, modules = two_file_conf(tmp_path)
     report = tmp_path / "junit.xml"
-    selection = " or ".join([NAME, *PRESET_TESTS])
+    selection = " or ".join(["throwaway", *PRESET_TESTS])
     env = {**isolated_env(), CONF_ENV: str(conf)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(modules), env.get("PYTHONPATH", "")) if p)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", selection,
@@ -130,8 +186,10 @@ def test_a_new_encoding_is_its_class_and_its_yaml(tmp_path: Path) -> None:
     cases = junit_cases(report)
     assert not [c for c in cases if c[2] in ("failed", "error")]
     ran = [(module, name) for module, name, outcome in cases if outcome == "passed"]
-    mine = [(module, name) for module, name in ran if f"[{NAME}" in name or f"-{NAME}" in name]
-    assert any(module.endswith("test_model") for module, _ in mine), mine  # the `encoding` fixture's
-    assert any(name.startswith("test_has_parameters_agrees") for _, name in mine), mine
+    for name in YAMLS:
+        mine = [(module, test) for module, test in ran if f"[{name}]" in test or f"[{name}-" in test
+                or f"-{name}]" in test or f"-{name}-" in test]  # fmt: skip
+        assert any(module.endswith("test_model") for module, _ in mine), (name, mine)  # `encoding` fixture's
+        assert any(test.startswith("test_has_parameters_agrees") for _, test in mine), (name, mine)
     for test in PRESET_TESTS:
         assert any(test in name for _, name in ran), f"no passing test matched {test}"

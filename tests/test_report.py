@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from posab.report.records import ReportError, RunRecord
 from posab.report.rundirs import load_run
 from posab.report.runs_csv import load_csv, write_csv
 from posab.report.stats import curve_band
-from posab.report.styles import PALETTE, encoding_colours, line_styles
+from posab.report.styles import ENCODING_COLOURS, PALETTE, encoding_colours, line_styles, stable_colour
 
 FAILED_RUN = "0_encoding=alibi,train.lr=-1"
 FAILED_ERROR = "ConfigError: train.lr=-1.0 must be positive"
@@ -381,18 +382,45 @@ def test_a_label_names_a_task_and_leaves_out_the_lengths_it_sets_unless_one_task
     assert f"nope, data.task.name=copy, {lengths}" in labels and len(labels) == 4
 
 
-def test_two_encodings_the_palette_gives_one_colour_get_two_in_a_panel() -> None:
-    """The palette repeats past its colours: the later of two such encodings in one panel takes a spare."""
-    names = encoding_names()
-    first, wrapped = names[0], names[len(PALETTE)]
-    assert encoding_colours([first])[first] == encoding_colours([wrapped])[wrapped]
+def clashing_names(count: int) -> list[str]:
+    """`count` names of no configured encoding whose hashes give them one palette colour."""
+    by_colour: dict[tuple[float, ...], list[str]] = {}
+    for i in itertools.count():
+        names = by_colour.setdefault(stable_colour(f"new{i}"), [])
+        names.append(f"new{i}")
+        if len(names) == count:
+            return names
+    raise AssertionError("unreachable")
+
+
+def test_an_encoding_s_colour_does_not_depend_on_which_other_encodings_exist() -> None:
+    """Declared for the encodings conf/encoding/ had when the palette was set (each its own), hashed for
+    any other; adding five encodings moves no declared encoding's colour, and an encoding alone has its
+    own colour, wherever the report runs."""
+    declared = sorted(ENCODING_COLOURS)
+    assert len(set(ENCODING_COLOURS.values())) == len(declared)
+    assert all(0 <= index < len(PALETTE) for index in ENCODING_COLOURS.values())
+    alone = {name: encoding_colours([name])[name] for name in declared}
+    added = [*encoding_names(), *declared, "halved_alibi", "p_rope", "fox_bias", "zz_new", "aa_new"]
+    assert {name: encoding_colours(added)[name] for name in declared} == alone
+    for name in encoding_names():
+        assert encoding_colours([name])[name] == stable_colour(name)
+
+
+def test_two_encodings_that_hash_to_one_colour_get_two_in_a_panel() -> None:
+    """Hashes can meet: the later (by name) of two such encodings takes a spare, in a panel and in
+    encoding_colours; each keeps its own colour where it is alone."""
+    first, second = clashing_names(2)
+    both = encoding_colours([second, first])
+    assert both[first] == stable_colour(first) and both[second] != stable_colour(first)
+    assert encoding_colours([second])[second] == stable_colour(second)
     rows = {
         row.label: row
-        for row in group_rows([record(e, 0, {"ppl/64": 5.0}) for e in (first, wrapped)])["ablation"]
+        for row in group_rows([record(e, 0, {"ppl/64": 5.0}) for e in (first, second)])["ablation"]
     }
     styles = line_styles(rows)
-    assert styles[first]["color"] == encoding_colours([first])[first]
-    assert styles[wrapped]["color"] != styles[first]["color"]
+    assert styles[first]["color"] == stable_colour(first)
+    assert styles[second]["color"] != styles[first]["color"]
 
 
 def test_an_option_every_encoding_has_is_compared_across_encodings() -> None:

@@ -14,7 +14,7 @@ from conftest import ROOT
 from posab.report.cli import collect_runs
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
-from posab.report.styles import encoding_colours, shared_colour_styles
+from posab.report.styles import PALETTE, encoding_colours, shared_colour_styles
 from posab.report.tasks import (
     TASK_BEGIN,
     TASK_END,
@@ -213,12 +213,13 @@ def test_the_figure_draws_each_encoding_once_in_its_legend_and_tells_them_apart(
     (the palette repeats past its colours)."""
     from conftest import ENCODINGS
 
-    runs = [task_run(e, "copy", 0, [0.5, 0.1, 0.0, 0.0]) for e in ENCODINGS]
-    runs += [task_run(e, "parity", 0, [0.2, 0.0]) for e in [*ENCODINGS, "only_on_parity"]]
+    more = [f"extra{i}" for i in range(len(PALETTE) - len(ENCODINGS) + 2)]  # past the palette's colours
+    runs = [task_run(e, "copy", 0, [0.5, 0.1, 0.0, 0.0]) for e in [*ENCODINGS, *more]]
+    runs += [task_run(e, "parity", 0, [0.2, 0.0]) for e in [*ENCODINGS, *more, "only_on_parity"]]
     figure = accuracy_figure(task_runs(runs))
     (legend,) = figure.legends
     names = [text.get_text() for text in legend.get_texts()]
-    assert sorted(names) == sorted([*ENCODINGS, "only_on_parity"])
+    assert sorted(names) == sorted([*ENCODINGS, *more, "only_on_parity"])
     colours = encoding_colours(names)
     styles = shared_colour_styles(colours)
     looks = {(tuple(colours[n]), str(styles[n])) for n in names}

@@ -6,14 +6,14 @@ encodings (`facets`): the encodings of one row together, then those of several r
 it holds, and the swept values all its rows share, which its legend entries then leave out) and its own
 legend to its right; all panels share one y axis so that they compare.
 
-Colours: within a panel every row has its own colour. The first variant of each encoding (study first,
-then the label without the encoding; usually "no swept value") takes the encoding's colour, which follows
-the encodings with a config file (`conf/encoding/*.yaml`, sorted), then any other encoding, so that an
-encoding keeps its colour from one figure and report to the next; the encoding's other rows, and the
-first variant of an encoding the palette (18 colours, repeating) gave a colour an earlier row of the panel
-has, take the palette's colours no row of the panel has. The line style follows the variant, as a second
-cue. A panel of more encodings than colours (the task suite's) tells encodings of one colour apart by line
-style instead (`shared_colour_styles`).
+Colours: an encoding's colour is its own, whatever other encodings exist: declared for the encodings of
+conf/encoding/ (ENCODING_COLOURS), else a stable hash of its name into the palette (`stable_colour`), so
+adding an encoding moves no other encoding's colour. Within a panel every row has its own colour: the first
+variant of each encoding (study first, then the label without the encoding; usually "no swept value")
+takes the encoding's colour; the encoding's other rows, and an encoding whose colour an earlier encoding of
+the panel has (two hashes can meet), take the palette's colours no row of the panel has. The line style
+follows the variant, as a second cue. A panel of more encodings than colours (the task suite's) tells
+encodings of one colour apart by line style instead (`shared_colour_styles`).
 
 Ticks: a log axis is labelled at enough round values to read it (`log_ticks`), lengths at the lengths
 evaluated (`length_axis`).
@@ -21,6 +21,7 @@ evaluated (`length_axis`).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import textwrap
@@ -34,13 +35,12 @@ from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullFormatter, NullLocator
 
-from posab.errors import ConfigError
-from posab.paths import encoding_names
 from posab.plots import new_figure, save_figure
 from posab.report.grouping import Row
 from posab.report.records import natural_key
 
-PALETTE = [*colormaps["tab10"].colors, *colormaps["Dark2"].colors]
+# tab10, Dark2, then the lighter half of tab20: 28 colours, each legible on white
+PALETTE = [*colormaps["tab10"].colors, *colormaps["Dark2"].colors, *colormaps["tab20"].colors[1::2]]
 LINE_STYLES: list[Any] = [
     "-",
     "--",
@@ -80,19 +80,54 @@ ENCODING_NAMES = {  # how the readings write an encoding; any other encoding kee
     "t5": "T5",
     "xpos": "xPos",
 }
+ENCODING_COLOURS = {  # palette index per encoding of conf/encoding/; a new encoding may add itself here
+    "alibi": 0,
+    "cope": 1,
+    "dape_alibi": 2,
+    "dape_multiscale": 3,
+    "fire": 4,
+    "fox": 5,
+    "hierarchical": 6,
+    "kerple": 7,
+    "learned": 8,
+    "multiscale": 9,
+    "nope": 10,
+    "randomized_alibi": 11,
+    "randomized_learned": 12,
+    "randomized_rope": 13,
+    "randomized_sinusoidal": 14,
+    "rnope_swa": 15,
+    "rope": 16,
+    "sinusoidal": 17,
+    "stickbreaking": 18,
+    "swan": 19,
+    "t5": 20,
+    "xpos": 21,
+}
 SCALING_NAMES = {"pi": "PI", "ntk": "NTK", "yarn": "YaRN"}  # RoPE's evaluation-time scalings
 SHORT_KEYS = {"train.lr": "lr", "encoding.lr_mult": "lr_mult"}  # a swept key as a short label names it
 
 
+def stable_colour(encoding: str) -> tuple[float, ...]:
+    """The encoding's own colour: declared (ENCODING_COLOURS), else its name's SHA-256 into the palette."""
+    index = ENCODING_COLOURS.get(encoding)
+    if index is None:
+        index = int(hashlib.sha256(encoding.encode()).hexdigest(), 16) % len(PALETTE)
+    return tuple(PALETTE[index])
+
+
 def encoding_colours(encodings: Iterable[str]) -> dict[str, Any]:
-    """A colour for each encoding: its place among the configured encodings, the others after them."""
-    try:
-        known = encoding_names()
-    except ConfigError:  # a report rendered from runs.csv away from the checkout
-        known = []
-    wanted = set(encodings)
-    order = [*known, *sorted(wanted - set(known), key=natural_key)]
-    return {name: PALETTE[order.index(name) % len(PALETTE)] for name in wanted}
+    """A colour for each encoding, its own (`stable_colour`); of encodings that share one, a declared one
+    keeps it, else the first by name, and each other takes the next palette colour none of them has, while
+    one is left."""
+    wanted = sorted(set(encodings), key=lambda name: (name not in ENCODING_COLOURS, natural_key(name)))
+    own = {name: stable_colour(name) for name in wanted}
+    spare = iter(c for c in map(tuple, PALETTE) if c not in own.values())
+    colours: dict[str, Any] = {}
+    for name in wanted:
+        clash = own[name] in colours.values()
+        colours[name] = next(spare, own[name]) if clash else own[name]
+    return colours
 
 
 def _variant_ranks(rows: Mapping[str, Row]) -> dict[str, int]:
@@ -110,8 +145,8 @@ def line_styles(rows: Mapping[str, Row]) -> dict[str, dict[str, Any]]:
     ranks = _variant_ranks(rows)
     own = encoding_colours(row.encoding for row in rows.values())
     colours: dict[str, Any] = {}
-    for name in sorted(rows, key=natural_key):  # the palette repeats: an encoding it gave a taken colour
-        if ranks[name] == 0 and own[rows[name].encoding] not in colours.values():  # takes a spare one
+    for name in sorted(rows, key=natural_key):  # an encoding's first variant: the encoding's colour
+        if ranks[name] == 0 and own[rows[name].encoding] not in colours.values():
             colours[name] = own[rows[name].encoding]
     spare = iter(c for c in PALETTE if c not in colours.values())
     for name in sorted(rows, key=lambda n: (ranks[n], natural_key(n))):
