@@ -13,14 +13,14 @@ import pandas as pd
 import pytest
 from test_report_designs import base_losses, run
 
-from posab.report.claims import PREREGISTERED, claim_rows, read_claims, read_claims_dir
-from posab.report.readings import BEGIN, END, claims_section, family_floor, replace_block
-from posab.report.readings import main as claims_main
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
 from posab.report.stats import OPPOSITE, ORDERED, PAIRED_METRICS, SAME_WEIGHTS, SUGGESTIVE
-from posab.report.tasks import TASK_BEGIN, TASK_END
-from posab.report.verdicts import claim_verdicts, study_pool
+from posab.studies.claims import PREREGISTERED, claim_rows, read_claims, read_claims_dir
+from posab.studies.readings import BEGIN, END, claims_section, family_floor, replace_block
+from posab.studies.readings import main as claims_main
+from posab.studies.tasks import TASK_BEGIN, TASK_END
+from posab.studies.verdicts import claim_verdicts, study_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "results" / "study"

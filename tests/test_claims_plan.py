@@ -1,5 +1,5 @@
 """A claims family's procedure (Holm's step-down or a fixed sequence, each worked by hand) and its power
-planned before its runs (`posab claims plan`, `posab.report.power`), and `posab claims` refusing a
+planned before its runs (`posab claims plan`, `posab.studies.power`), and `posab claims` refusing a
 preregistered family that cannot reach α at the seeds it declares."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import pytest
 from test_claims import CLAMP, HEADER, VS_ALIBI, claims_file, clamp_pool, floor_family
 
 from posab.cli import main as posab_main
-from posab.report.claims import family_adjusted, read_claims
-from posab.report.power import FamilyPlan, seeds_needed
-from posab.report.readings import BEGIN, END, claims_section, family_floor
-from posab.report.readings import main as claims_main
 from posab.report.records import ReportError
 from posab.report.resampling import PERMUTATIONS
 from posab.report.runs_csv import write_csv
 from posab.report.stats import INDISTINGUISHABLE, ORDERED, PAIRED_METRICS, SUGGESTIVE
-from posab.report.verdicts import claim_verdict, claim_verdicts
+from posab.studies.claims import family_adjusted, read_claims
+from posab.studies.power import FamilyPlan, seeds_needed
+from posab.studies.readings import BEGIN, END, claims_section, family_floor
+from posab.studies.readings import main as claims_main
+from posab.studies.verdicts import claim_verdict, claim_verdicts
 
 PLAN_HEADER = HEADER.rstrip("\n") + ",procedure,seeds\n"
 

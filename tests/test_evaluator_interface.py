@@ -1,5 +1,6 @@
-"""Adding an evaluator is one file: a copy of the package with one new module under posab/evaluate/
-trains, evaluates, writes, logs and reports the new measurement, with no other file touched."""
+"""Adding an evaluator is two files: a copy of the package with one new module under posab/evaluate/ (the
+measurement) and one under posab/catalog/ (its report columns, torch-free) trains, evaluates, writes,
+logs and reports the new measurement, with no other file touched."""
 
 from __future__ import annotations
 
@@ -12,18 +13,18 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, isolated_env, typed_config
+from posab.catalog import catalog_modules
 from posab.evaluate import EvalConfig, enabled_evaluators, evaluator_classes
 from posab.report.columns import study_columns
 
 PLUGIN = '''
 """A made-up measurement: the validation windows of the training length, with a table and a figure."""
 
-from collections.abc import Collection
 from dataclasses import dataclass
 
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext
-from posab.outputs import Column, EvalOutput, Table
+from posab.outputs import EvalOutput, Table
 from posab.plots import new_figure
 
 
@@ -46,10 +47,19 @@ class WindowCount(Evaluator[WindowCountConfig]):
             tables={"window_count": Table(["windows"], [[count]])},
             figures={"window_count_plot": figure},
         )
+'''
+COLUMNS = '''
+"""The made-up measurement's report column."""
 
-    @staticmethod
-    def report_columns(keys: Collection[str]) -> list[Column]:
-        return [Column("windows", "count/windows", ".0f", "made-up")] if "count/windows" in keys else []
+from collections.abc import Collection
+
+from posab.outputs import Column
+
+ORDER = 50
+
+
+def report_columns(keys: Collection[str]) -> list[Column]:
+    return [Column("windows", "count/windows", ".0f", "made-up")] if "count/windows" in keys else []
 '''
 
 
@@ -58,6 +68,7 @@ def test_one_new_file_is_a_new_evaluator(tmp_path: Path) -> None:
     source = tmp_path / "src"
     shutil.copytree(ROOT / "src", source, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
     (source / "posab" / "evaluate" / "window_count.py").write_text(PLUGIN)
+    (source / "posab" / "catalog" / "window_count.py").write_text(COLUMNS)
     env = {**isolated_env(), "PYTHONPATH": str(source)}
     run = tmp_path / "run"
     args = ["+experiment=tiny", "encoding=alibi", "logger=jsonl", f"hydra.run.dir={run}"]
@@ -101,7 +112,9 @@ def test_every_evaluator_has_a_config_section_and_a_report_declaration() -> None
     names = [cls.name for cls in evaluator_classes()]
     assert names == ["task", "perplexity", "needle", "extrapolation", "shift", "analysis"]
     defaults = EvalConfig()
+    assert list(catalog_modules()) == names  # each its columns' module, in the same order
     for cls in evaluator_classes():
         assert isinstance(getattr(defaults, cls.name), cls.config)
-        assert cls.report_columns(set()) == []  # nothing to show without its keys
+        assert cls.order == catalog_modules()[cls.name].ORDER
+        assert catalog_modules()[cls.name].report_columns(set()) == []  # nothing to show without its keys
     assert [c.header for c in study_columns([])] == ["tokens/s", "wall s", "val loss"]

@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import ENCODINGS, run_main, tiny_model, typed_config
+from posab.catalog import extrapolation as extrapolation_columns
 from posab.data import CorpusData
 from posab.encodings.alibi import alibi_slopes
 from posab.encodings.base import Dims, Encoding, Positions
@@ -23,7 +24,6 @@ from posab.errors import ConfigError
 from posab.evaluate import EvalConfig, run_evaluator
 from posab.evaluate.context import EvalContext
 from posab.evaluate.extrapolation import (
-    ExtrapolationAudit,
     ExtrapolationConfig,
     bias_pull,
     bias_summary,
@@ -256,14 +256,14 @@ def test_the_figure_renders_and_names_the_run(corpus: CorpusData) -> None:
 
 
 def test_report_columns_follow_the_keys() -> None:
-    assert ExtrapolationAudit.report_columns(set()) == []
+    assert extrapolation_columns.report_columns(set()) == []
     keys = {
         "audit/bias_jump",
         "audit/novelty_outside@512",
         "audit/novelty_outside@4096",
         "audit/entropy@4096",
     }
-    columns = ExtrapolationAudit.report_columns(keys)
+    columns = extrapolation_columns.report_columns(keys)
     assert [c.key for c in columns] == ["audit/bias_jump", "audit/novelty_outside@4096", "audit/entropy@4096"]
 
 

@@ -31,10 +31,10 @@ from posab.report.curves import training_curves_figure
 from posab.report.document import named_rows
 from posab.report.figures import needle_figure, position_loss_figure, ppl_vs_length_figure, shift_figure
 from posab.report.grouping import Row, group_rows
-from posab.report.needle import by_length_figure, stage_curves_figure, stage_rows
 from posab.report.records import STAGE_KEY_LOSS, STAGE_PROBES, RunRecord
 from posab.report.styles import short_label, short_value
-from posab.report.tuning import picks, points, tuning_figure
+from posab.studies.needle import by_length_figure, stage_curves_figure, stage_rows
+from posab.studies.tuning import picks, points, tuning_figure
 
 MIN_AREA_SHARE = 0.4
 MIN_SIDE_SHARE = 0.5

@@ -1,4 +1,4 @@
-"""The forest plots of the claims families (`posab.report.forest`): one PNG per family of the committed
+"""The forest plots of the claims families (`posab.studies.forest`): one PNG per family of the committed
 verdicts, and the helpers that decide each claim's shaded side and its texts."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from posab.report.forest import (
+from posab.studies.forest import (
     claim_label,
     claim_limits,
     claimed_span,

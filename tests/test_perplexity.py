@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from conftest import tiny_model, typed_config
+from posab.catalog import perplexity as perplexity_columns
 from posab.data import CorpusData
 from posab.encodings import Dims
 from posab.encodings.nope import NoPE
@@ -21,7 +22,6 @@ from posab.errors import ConfigError
 from posab.evaluate import EvalConfig, run_evaluator
 from posab.evaluate.context import EvalContext
 from posab.evaluate.perplexity import (
-    Perplexity,
     PerplexityConfig,
     binned,
     capped_tail_losses,
@@ -233,7 +233,9 @@ def test_report_columns_show_tail_capped_and_bits_per_byte() -> None:
     """ppl at every length, tail and capped perplexity where a run has them, bits per byte at the two ends."""
     keys = {f"{kind}/{n}" for kind in ("ppl", "bpb") for n in (512, 1024, 2048)}
     keys |= {f"{kind}/{n}" for kind in ("ppl_tail", "ppl_capped") for n in (1024, 2048)}
-    headers = [(c.header, c.key) for c in Perplexity.report_columns(keys | {"ppl@pi/1024", "loss/512"})]
+    headers = [
+        (c.header, c.key) for c in perplexity_columns.report_columns(keys | {"ppl@pi/1024", "loss/512"})
+    ]
     assert headers == [
         ("ppl@512", "ppl/512"),
         ("ppl@1024", "ppl/1024"),
@@ -245,4 +247,4 @@ def test_report_columns_show_tail_capped_and_bits_per_byte() -> None:
         ("bpb@512", "bpb/512"),
         ("bpb@2048", "bpb/2048"),
     ]
-    assert Perplexity.report_columns(set()) == []
+    assert perplexity_columns.report_columns(set()) == []

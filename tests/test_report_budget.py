@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 from report_runs import finished_run
 
-from posab.report.budget import loss_by_step, main, rankings, settled_step
 from posab.report.grouping import group_rows
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
+from posab.studies.budget import loss_by_step, main, rankings, settled_step
 
 STEPS = list(range(100, 1100, 100))
 

@@ -41,7 +41,7 @@ from posab.report.resampling import (
 from posab.report.rundirs import load_run, read_config
 from posab.report.runs_csv import load_csv, write_csv
 from posab.report.stats import ORDERED, SUGGESTIVE, paired_differences, verdict
-from posab.report.window_documents import backfill
+from posab.studies.window_documents import backfill
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from posab.report.cli import collect_runs
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
 from posab.report.styles import PALETTE, encoding_colours, shared_colour_styles
-from posab.report.tasks import (
+from posab.studies.tasks import (
     TASK_BEGIN,
     TASK_END,
     TaskClaim,

@@ -9,7 +9,7 @@ from report_runs import finished_run
 
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import write_csv
-from posab.report.tuning import grid_lines, main, picks, points
+from posab.studies.tuning import grid_lines, main, picks, points
 
 
 def run(encoding: str, lr: float, val_loss: float, lr_mult: float | None = None) -> RunRecord:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from conftest import tiny_model, typed_config
 from posab.build import max_positions
+from posab.catalog import shift as shift_columns
 from posab.data import Batch, CorpusData, DataConfig, SyntheticConfig, TokenStream, prepare_data
 from posab.data.tokenizer import VOCAB_SIZE
 from posab.errors import ConfigError
@@ -311,7 +312,7 @@ def test_report_columns_name_the_largest_offset_prefix_and_context() -> None:
         "shift/offset4096/kl",
         *(f"shift/{kind}{k}/dloss" for kind in ("prefix", "context") for k in (64, 256)),
     }
-    headers = [(c.header, c.key) for c in Shift.report_columns(new)]
+    headers = [(c.header, c.key) for c in shift_columns.report_columns(new)]
     assert headers == [
         ("KL offset 4096", "shift/offset4096/kl"),
         ("Δloss prefix 256", "shift/prefix256/dloss"),

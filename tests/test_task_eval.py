@@ -14,13 +14,13 @@ import torch
 
 from conftest import ENCODINGS, run_main, typed_config
 from posab.build import build_model
+from posab.catalog import task as task_columns
 from posab.data import prepare_data
 from posab.data.streams import Batch
 from posab.data.tasks import TaskStream, TaskTokenizer, TaskTracker, example_batch
 from posab.decoding import generate, step_by_step_full
 from posab.errors import ConfigError
 from posab.evaluate import EvalContext, run_evaluator
-from posab.evaluate.task import TaskAccuracy
 from posab.keys import format_key, parse_key
 from posab.model import DecoderLM
 from posab.run.summary import summary_text
@@ -183,9 +183,9 @@ def test_the_evaluator_needs_task_data() -> None:
 
 
 def test_report_columns_follow_the_keys() -> None:
-    columns = TaskAccuracy.report_columns(["task/exact_seen", "task/exact_unseen", "task/exact@3"])
+    columns = task_columns.report_columns(["task/exact_seen", "task/exact_unseen", "task/exact@3"])
     assert [c.key for c in columns] == ["task/exact_seen", "task/exact_unseen"]
-    assert TaskAccuracy.report_columns(["ppl/512"]) == []
+    assert task_columns.report_columns(["ppl/512"]) == []
 
 
 @pytest.mark.parametrize("name", ["copy", "addition", "parity"])

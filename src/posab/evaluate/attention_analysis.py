@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posab.catalog import analysis as analysis_columns
 from posab.errors import require
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
@@ -134,7 +135,7 @@ class AttentionAnalysis(Evaluator[AnalysisConfig]):
 
     name = "analysis"
     config = AnalysisConfig
-    order = 40
+    order = analysis_columns.ORDER
 
     def window_lengths(self, settings: EvalSettings) -> list[int]:
         return list(self.cfg.lengths or settings.lengths)

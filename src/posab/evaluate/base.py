@@ -10,12 +10,11 @@ found by `posab.evaluate.evaluator_classes`; its config section `eval.<name>` is
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import ClassVar, Generic, TypeVar
 
 from posab.evaluate.context import EvalContext, EvalSettings
-from posab.outputs import Column, EvalOutput
+from posab.outputs import EvalOutput
 
 
 @dataclass
@@ -54,8 +53,3 @@ class Evaluator(ABC, Generic[SectionT]):
     def positions(self, settings: EvalSettings, train_len: int) -> int:
         """One more than the largest token position it feeds the model (sizes learned position tables)."""
         return max([0, *self.window_lengths(settings)]) + 1
-
-    @staticmethod
-    def report_columns(keys: Collection[str]) -> list[Column]:
-        """The report table columns it contributes, given the scalar keys the runs of a study have."""
-        return []

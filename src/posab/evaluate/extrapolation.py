@@ -80,7 +80,6 @@ before it.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -89,14 +88,15 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from posab.catalog import extrapolation as extrapolation_columns
 from posab.device import autocast
 from posab.errors import require
 from posab.evaluate.attention_analysis import grid_scalars, statistics_grid, stats_table
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
 from posab.forms import AttentionInputs
-from posab.keys import AUDIT, key_lengths, metric_key
-from posab.outputs import Column, EvalOutput, Table
+from posab.keys import AUDIT, metric_key
+from posab.outputs import EvalOutput, Table
 from posab.plots import new_figure
 
 PREFIX = AUDIT  # the keys' family (posab.keys)
@@ -376,7 +376,7 @@ class ExtrapolationAudit(Evaluator[ExtrapolationConfig]):
 
     name = "extrapolation"
     config = ExtrapolationConfig
-    order = 25  # after the needle, before the shift test
+    order = extrapolation_columns.ORDER
 
     def window_lengths(self, settings: EvalSettings) -> list[int]:
         return list(settings.lengths)
@@ -387,34 +387,3 @@ class ExtrapolationAudit(Evaluator[ExtrapolationConfig]):
         output.update(attention_output(ctx, self.cfg.windows))
         output.update(content_output(ctx))
         return output
-
-    @staticmethod
-    def report_columns(keys: Collection[str]) -> list[Column]:
-        """The largest relative bias jump, and novelty and mean entropy at the longest length audited."""
-        columns = []
-        if metric_key("bias_jump") in keys:
-            legend = (
-                "largest step |b_h(d) − b_h(d−1)| of the additive bias past the training length, over "
-                "the range b_h takes within it; the largest over heads (`audit/bias_jump`; ALiBi: "
-                "1/(L_train − 1))"
-            )
-            columns.append(Column("bias jump", metric_key("bias_jump"), ".3g", legend))
-        if (n := max(key_lengths(keys, "bias_pull"), default=None)) is not None:
-            legend = (
-                f"the pull of the bias past the training length at length {n}: the share of a head's "
-                f"bias-only attention past it, over that of the bias held at its last trained value; the "
-                f"largest over heads (`audit/bias_pull@{n}`; ~1: a local head drawn far, 0: none)"
-            )
-            columns.append(Column(f"pull@{n}", metric_key("bias_pull", n), ".3f", legend))
-        if (n := max(key_lengths(keys, "novelty_outside"), default=None)) is not None:
-            legend = (
-                f"fraction of the bias MLP's input features outside their training range at length {n}, "
-                f"mean over features (`audit/novelty_outside@{n}`; 0 = no unseen inputs)"
-            )
-            columns.append(Column(f"novelty@{n}", metric_key("novelty_outside", n), ".3f", legend))
-        if (n := max(key_lengths(keys, "entropy"), default=None)) is not None:
-            legend = (
-                f"attention entropy at length {n}, mean over layers and heads, nats (`audit/entropy@{n}`)"
-            )
-            columns.append(Column(f"entropy@{n}", metric_key("entropy", n), ".3f", legend))
-        return columns

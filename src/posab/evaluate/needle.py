@@ -29,7 +29,6 @@ Results: `needle/acc`, `needle/logprob` and `needle/gain` (means over all trials
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,13 +36,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from posab.catalog import needle as needle_columns
 from posab.data.streams import Batch
 from posab.errors import ConfigError, require
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
 from posab.forms import AttentionInputs
 from posab.keys import metric_key
-from posab.outputs import Column, EvalOutput, Table
+from posab.outputs import EvalOutput, Table
 from posab.passkey.examples import (
     PasskeyExample,
     check_stream,
@@ -258,7 +258,7 @@ class Needle(Evaluator[NeedleConfig]):
 
     name = "needle"
     config = NeedleConfig
-    order = 20
+    order = needle_columns.ORDER
     after_stage = True  # retrieval is measured after the passkey stage, when a run has one
 
     def window_lengths(self, settings: EvalSettings) -> list[int]:
@@ -282,39 +282,3 @@ class Needle(Evaluator[NeedleConfig]):
         output.data.update(data)
         output.figures["needle_heatmap"] = needle_heatmap(output.data["needle/grid"], ctx.title)
         return output
-
-    @staticmethod
-    def report_columns(keys: Collection[str]) -> list[Column]:
-        columns = []
-        if metric_key("acc") in keys:
-            columns.append(
-                Column(
-                    "needle acc",
-                    metric_key("acc"),
-                    ".2f",
-                    "passkey accuracy over every length and depth (`needle/acc`)",
-                )
-            )
-        if metric_key("logprob") in keys:
-            columns.append(
-                Column(
-                    "key logprob",
-                    metric_key("logprob"),
-                    ".2f",
-                    "log-probability (nats) of the whole passkey given the prompt (summed over its digits), "
-                    "mean over every length and depth (`needle/logprob`; uniform over the 10 digits: "
-                    "5 ln 0.1 = -11.51 for 5-digit keys)",
-                )
-            )
-        if metric_key("gain") in keys:
-            columns.append(
-                Column(
-                    "needle gain",
-                    metric_key("gain"),
-                    ".2f",
-                    "retrieval control: log p(key | the needle holds it) - log p(key | the needle holds "
-                    "another key), nats, mean over every length and depth (`needle/gain`; 0 = the needle is "
-                    "not read)",
-                )
-            )
-        return columns

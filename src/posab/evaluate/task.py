@@ -26,13 +26,14 @@ nothing).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from posab.catalog import task as task_columns
 from posab.data.tasks import TaskExample, TaskStream, TaskTracker, example_batch
 from posab.decoding import generate
 from posab.device import autocast
@@ -40,7 +41,7 @@ from posab.errors import ConfigError, require
 from posab.evaluate.base import Evaluator, SectionConfig
 from posab.evaluate.context import EvalContext, EvalSettings
 from posab.keys import metric_key
-from posab.outputs import Column, EvalOutput, Table
+from posab.outputs import EvalOutput, Table
 from posab.plots import new_figure
 
 COLUMNS = ["length", "seen", "examples", "exact", "teacher_forced_exact", "disagree"]
@@ -123,7 +124,7 @@ class TaskAccuracy(Evaluator[TaskEvalConfig]):
 
     name = "task"
     config = TaskEvalConfig
-    order = 5  # first: what a task run is for
+    order = task_columns.ORDER
 
     def evaluate(self, ctx: EvalContext) -> EvalOutput:
         stream = ctx.valid
@@ -152,18 +153,6 @@ class TaskAccuracy(Evaluator[TaskEvalConfig]):
             figures={"task_accuracy_vs_length": figure},
             arrays={"task_examples": arrays},
         )
-
-    @staticmethod
-    def report_columns(keys: Collection[str]) -> list[Column]:
-        columns = []
-        for name, legend in (
-            ("exact_seen", "exact match at the training lengths, mean over them (`task/exact_seen`)"),
-            ("exact_unseen", "exact match past the training lengths, mean over them (`task/exact_unseen`)"),
-        ):
-            key = metric_key(name)
-            if key in keys:
-                columns.append(Column(name.replace("_", " "), key, ".3f", legend))
-        return columns
 
 
 def summary_scalars(rows: list[list]) -> dict[str, float]:

@@ -20,13 +20,15 @@ Modules, in the order data flows through them:
 - `stats`, `resampling`: mean, std and bands over the seeds of a row; the paired differences with their
   hierarchical bootstrap, permutation test on the seeds, Holm's correction and verdicts, on `eval.split`
   and on each evaluation corpus
-- `claims`: a claims file (`--claims`), the comparisons a reading claims, Holm-corrected as their own family
+- `claimed`: a study's claim verdicts (`--claims`; `posab claims` writes them, `posab.studies`)
 - `flat`: extrapolation as a count, flat in k of n runs (judged on the tail past the training length) with
   a Wilson interval and the counts at nearby cutoffs
 - `columns`, `markdown`: the metric catalog (each evaluator's columns) and the Markdown tables
 - `styles`, `figures`, `curves`: line styles; evaluation figures; training curves
 - `document`, `cli`: report.md and the report folder; the command line
-- `window_documents`: each window's document added to a report folder's runs.csv (its own script)
+
+Imports no torch (its metric columns come from `posab.catalog`); the studies' commands that build on it
+live in `posab.studies`, which this package never imports.
 """
 
 from posab.report.cli import main

@@ -7,12 +7,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from posab.report.claimed import read_verdicts
 from posab.report.document import write_report
 from posab.report.records import ReportError, RunRecord
 from posab.report.rundirs import find_runs, load_run, run_names
 from posab.report.runs_csv import load_csv
 from posab.report.stats import PAIRED_REFERENCES
-from posab.report.verdicts import read_verdicts
 
 
 def collect_runs(paths: Sequence[Path]) -> list[RunRecord]:

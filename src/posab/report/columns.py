@@ -1,11 +1,11 @@
-"""The metric catalog of a study's table: the run's own columns, then each evaluator's
-(`Evaluator.report_columns`), so that adding an evaluator adds its columns without touching the report."""
+"""The metric catalog of a study's table: the run's own columns, then each evaluator's (`posab.catalog`,
+torch-free), so that adding an evaluator adds its columns without touching the report."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from posab.evaluate import evaluator_classes
+from posab.catalog import evaluator_columns
 from posab.outputs import Column
 from posab.report.grouping import Row
 
@@ -30,6 +30,6 @@ RUN_COLUMNS = (
 
 def study_columns(rows: Sequence[Row]) -> list[Column]:
     """The columns of one study's table: the run's own, then those each evaluator declares for the keys
-    the study's runs have (`Evaluator.report_columns`), in the evaluators' order."""
+    the study's runs have (`posab.catalog`), in the evaluators' order."""
     keys = {k for row in rows for r in row.runs for k in r.metrics}
-    return [*RUN_COLUMNS, *(c for cls in evaluator_classes() for c in cls.report_columns(keys))]
+    return [*RUN_COLUMNS, *evaluator_columns(keys)]

@@ -22,8 +22,8 @@ How the seeds enter depends on the comparison's design (`pairing`), named on eve
 - `unpaired`: fewer than two seeds in common, or protocols that differ: the exact permutation test on the
   per-seed means and each row's seeds resampled on their own.
 The verdict of a comparison depends on its runs alone, never on which rows share its report: an exploratory
-comparison is never `ordered`; a claimed one (a claims file's, `posab.report.claims`) takes its verdict from
-its declared family, computed once for the whole study (`posab.report.claims.claim_verdicts`).
+comparison is never `ordered`; a claimed one (a claims file's, `posab.studies.claims`) takes its verdict from
+its declared family, computed once for the whole study (`posab.studies.verdicts.claim_verdicts`).
 
 A missing value and a NaN result are the same to these statistics: neither enters the mean or the count.
 """

@@ -49,10 +49,8 @@ from matplotlib.figure import Figure
 from posab.io import write_text
 from posab.keys import key_lengths, metric_key
 from posab.plots import new_figure, save_figure
-from posab.report.claims import STATUSES, claims_file_lines
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
-from posab.report.readings import add_write_argument, replace_block
 from posab.report.records import ReportError, RunRecord
 from posab.report.resampling import (
     EXACT_SPLITS,
@@ -65,7 +63,9 @@ from posab.report.resampling import (
 from posab.report.runs_csv import write_csv
 from posab.report.stats import ALPHA
 from posab.report.styles import encoding_colours, shared_colour_styles
-from posab.report.verdicts import claim_verdict
+from posab.studies.claims import STATUSES, claims_file_lines
+from posab.studies.readings import add_write_argument, replace_block
+from posab.studies.verdicts import claim_verdict
 
 TASK, TRAIN_LENGTHS = "data.task.name", "data.task.train_lengths"
 UNSEEN, SEEN = metric_key("exact_unseen"), metric_key("exact_seen")

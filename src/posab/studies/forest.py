@@ -8,7 +8,7 @@ distance from 0, what a verdict hangs on, can no longer be read off (and the lin
 be chosen per family). On a linear scale of its own, where each interval lies against 0 is exact; the
 numbers are written beside it, since the panels' scales differ.
 
-`write_forest_plots(verdicts, folder)` takes the frame of `claims/verdicts.csv` (`posab.report.verdicts`;
+`write_forest_plots(verdicts, folder)` takes the frame of `claims/verdicts.csv` (`posab.studies.verdicts`;
 an optional `procedure` column, `holm` or `fixed-sequence`, holm where absent) and writes
 `folder/forest_<family>.png` for each family.
 """
@@ -26,9 +26,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from posab.plots import new_figure
-from posab.report.claims import FIXED_SEQUENCE, HOLM
 from posab.report.stats import ALPHA, INDISTINGUISHABLE, OPPOSITE, ORDERED, SUGGESTIVE
 from posab.report.styles import display_name, save, wrap
+from posab.studies.claims import FIXED_SEQUENCE, HOLM
 
 PROCEDURE_NAMES = {HOLM: "Holm", FIXED_SEQUENCE: "fixed-sequence"}
 VERDICT_COLOURS = {ORDERED: "#1b7837", SUGGESTIVE: "#d6604d", OPPOSITE: "#762a83", INDISTINGUISHABLE: "0.4"}

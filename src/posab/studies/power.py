@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from posab.report.claims import LEAST_ADJUSTED, PREREGISTERED, PROCEDURES, Claim, read_claims_files
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError
 from posab.report.resampling import EXACT_SPLITS, PERMUTATIONS, least_one_sided_p
 from posab.report.stats import ALPHA, PAIRED_METRICS
+from posab.studies.claims import LEAST_ADJUSTED, PREREGISTERED, PROCEDURES, Claim, read_claims_files
 
 NOTE = (
     f"least p: the one-sided sign-flip test over N seed pairs, 2^-N, exact up to {EXACT_SPLITS} pairs; "

@@ -17,11 +17,11 @@ from typing import Any
 
 import pandas as pd
 
-from posab.report.claims import POST_HOC, Claim, claim_rows, family_adjusted
 from posab.report.matching import run_key
 from posab.report.records import ReportError, RunRecord
 from posab.report.runs_csv import load_csv
 from posab.report.stats import ORDERED, SUGGESTIVE, compare_one, verdict
+from posab.studies.claims import POST_HOC, Claim, claim_rows, family_adjusted
 
 VERDICT_COLUMNS = (
     "claim",
@@ -49,7 +49,6 @@ VERDICT_COLUMNS = (
     "verdict",
     "registered",
 )
-CLAIMED_FIELDS = ("family", "claim", "p_holm", "verdict")  # what a report takes from a claim's line
 
 
 def study_pool(study_dir: Path) -> list[RunRecord]:
@@ -97,15 +96,3 @@ def claim_verdict(line: Mapping[str, Any]) -> str:
     claimed, other = (below, above) if line["direction"] == "less" else (above, below)
     found = verdict(claimed, other, float(line["p_holm"]))
     return SUGGESTIVE if found == ORDERED and line["status"] == POST_HOC else found
-
-
-def read_verdicts(path: Path) -> dict[str, dict[str, Any]]:
-    """A verdicts.csv as `paired_differences` takes it: comparison id -> CLAIMED_FIELDS."""
-    try:
-        frame = pd.read_csv(path, dtype={"comparison": str}, keep_default_na=False)
-    except (OSError, ValueError) as err:
-        raise ReportError(f"verdicts file {path}: unreadable ({err}); `posab claims` writes it") from err
-    return {
-        line["comparison"]: {**{k: line[k] for k in CLAIMED_FIELDS}, "p_holm": float(line["p_holm"])}
-        for line in frame.to_dict("records")
-    }

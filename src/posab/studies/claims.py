@@ -22,7 +22,7 @@ the default when empty or absent: Holm's 1979 step-down; `fixed-sequence`: the c
 order, each at α, until the first whose p is not below α, the i-th's adjusted p the largest p of the
 first i, Maurer et al. 1995), and `seeds`, the seed pairs the family plans (a positive integer; empty:
 not declared, as in the families written before it). `posab claims plan FILE` says, before any run,
-whether a family can reach α at those seeds (`posab.report.power`), and `posab claims` refuses a
+whether a family can reach α at those seeds (`posab.studies.power`), and `posab claims` refuses a
 preregistered family that cannot.
 
 A claim's p is one-sided, in its stated direction: the direction was fixed before the runs, so a two-sided

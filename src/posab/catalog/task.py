@@ -1,0 +1,23 @@
+"""The task evaluator's report columns (`posab.evaluate.task`): exact match at and past the training
+lengths."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from posab.keys import metric_key
+from posab.outputs import Column
+
+ORDER = 5  # the evaluator's place among the others, in its runs and in a study's table
+
+
+def report_columns(keys: Collection[str]) -> list[Column]:
+    columns = []
+    for name, legend in (
+        ("exact_seen", "exact match at the training lengths, mean over them (`task/exact_seen`)"),
+        ("exact_unseen", "exact match past the training lengths, mean over them (`task/exact_unseen`)"),
+    ):
+        key = metric_key(name)
+        if key in keys:
+            columns.append(Column(name.replace("_", " "), key, ".3f", legend))
+    return columns
