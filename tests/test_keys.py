@@ -14,7 +14,9 @@ from posab.keys import (
     SHIFT_KINDS,
     SHIFT_METRICS,
     MetricKey,
+    Metrics,
     format_key,
+    key_corpora,
     key_lengths,
     key_variants,
     metric_key,
@@ -194,3 +196,23 @@ def test_audit_lengths_are_the_mean_keys_not_the_per_head_ones() -> None:
     keys = ["audit/entropy@512", "audit/entropy@4096/layer0/head1", "audit/entropy@1024", "ppl/8192"]
     assert key_lengths(keys, "entropy") == [512, 1024]
     assert metric_key("entropy", 4096, layer=0, head=1) == keys[1]
+
+
+def test_a_run_s_metrics_are_parsed_once_and_read_by_text_or_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    metrics = Metrics({"ppl/512": 4.0, "ppl/4096": 9.0, "val_loss": 1.5, "wikitext2:ppl/1024": 7.0})
+    assert metrics.by_key == {
+        MetricKey("ppl", 512): 4.0,
+        MetricKey("ppl", 4096): 9.0,
+        MetricKey("ppl", 1024, corpus="wikitext2"): 7.0,
+    }
+    assert metrics.other == {"val_loss": 1.5}
+    assert metrics["ppl/4096"] == metrics[MetricKey("ppl", 4096)] == 9.0 and MetricKey("ppl", 512) in metrics
+    assert list(metrics) == ["ppl/512", "ppl/4096", "val_loss", "wikitext2:ppl/1024"]  # as given
+
+    def no_parsing(text: str) -> None:
+        raise AssertionError(f"parsed {text!r} again")
+
+    monkeypatch.setattr("posab.keys.parse_key", no_parsing)
+    assert key_lengths(metrics, "ppl") == [512, 4096] and key_corpora(metrics) == ["wikitext2"]
+    with pytest.raises(AssertionError, match="parsed"):
+        Metrics({"ppl/2048": 5.0})  # a new mapping is parsed, once

@@ -151,8 +151,13 @@ def ppl_pair(seed: int, tail_before: float, tail_after: float) -> tuple[RunRecor
             "multiscale", seed, base_losses(seed), training, {"encoding.clamp": clamp, "train.seq_len": "512"}
         )
         record.name += f"-{clamp}"
-        record.metrics |= {"ppl/512": 4.0, "ppl/1024": tail, "ppl_tail/1024": tail}
-        record.metrics["audit/bias_pull@1024"] = 0.9 if clamp == "null" else 0.0
+        pull = 0.9 if clamp == "null" else 0.0
+        record.metrics |= {
+            "ppl/512": 4.0,
+            "ppl/1024": tail,
+            "ppl_tail/1024": tail,
+            "audit/bias_pull@1024": pull,
+        }
         pair.append(record)
     return pair[0], pair[1]
 

@@ -32,9 +32,11 @@ Needs no torch.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+
+from posab.content_statistics import CONTENT_METRICS
 
 PPL, NEEDLE, SHIFT, AUDIT, TASK = "ppl", "needle", "shift", "audit", "task"  # the families
 PPL_METRICS = (
@@ -65,15 +67,7 @@ AUDIT_LENGTH_METRICS = (
 )
 AUDIT_ATTENTION_METRICS = ("entropy", "distance")  # at a length; per (layer, head) or their mean
 # position that depends on the content (`Form.content_statistics`): at a length; per (layer, head) or mean
-AUDIT_CONTENT_METRICS = (
-    "gate_log",
-    "gate_bias_far",
-    "cope_count_last",
-    "cope_count_mean",
-    "cope_count_max",
-    "cope_clamped",
-    "cope_past_trained",
-)
+AUDIT_CONTENT_METRICS = CONTENT_METRICS  # declared in posab.content_statistics
 AUDIT_PULL = "bias_pull"  # at a length; per head or the largest over heads
 TASK_LENGTH_METRICS = ("exact",)  # at an instance length
 TASK_METRICS = (*TASK_LENGTH_METRICS, "exact_seen", "exact_unseen", "tf_disagree")
@@ -273,8 +267,50 @@ def metric_key(
     return format_key(MetricKey(metric, length, variant, depth, digit, shift, k, corpus, layer, head))
 
 
+class Metrics(Mapping[str, float]):
+    """A run's scalar results, every key of the grammar parsed once, when the run is read: `by_key` holds
+    them keyed by `MetricKey`, `other` the keys outside the grammar (`val_loss`, `params/total`, ...). As a
+    mapping it reads by written key (`metrics["ppl/512"]`) or by MetricKey, and iterates the written keys
+    in the order given; the key helpers below take its parsed keys instead of parsing again."""
+
+    def __init__(self, values: Mapping[str, float] | None = None) -> None:
+        self._values = dict(values or {})
+        self.by_key: dict[MetricKey, float] = {}
+        self.other: dict[str, float] = {}
+        for text, value in self._values.items():
+            key = parse_key(text)
+            if key is None:
+                self.other[text] = value
+            else:
+                self.by_key[key] = value
+
+    def __getitem__(self, key: str | MetricKey) -> float:
+        return self.by_key[key] if isinstance(key, MetricKey) else self._values[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.by_key if isinstance(key, MetricKey) else key in self._values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __or__(self, other: Mapping[str, float]) -> Metrics:
+        return Metrics({**self._values, **other})
+
+    def __eq__(self, other: object) -> bool:
+        return dict(self._values) == dict(other) if isinstance(other, Mapping) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Metrics({self._values!r})"
+
+
 def parsed(keys: Iterable[str]) -> list[MetricKey]:
-    """The keys of the grammar among `keys`, parsed, in order; the others left out."""
+    """The keys of the grammar among `keys`, parsed, in order; the others left out (`Metrics`: its keys,
+    parsed when it was made)."""
+    if isinstance(keys, Metrics):
+        return list(keys.by_key)
     return [key for text in keys if (key := parse_key(text)) is not None]
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posab.keys import Metrics
+
 PROVENANCE_KEYS = (  # recorded by newer runs; empty in runs.csv files written before they were
     "git_dirty",  # uncommitted changes to tracked files at the end: true | false | null (no git)
     "git_commit_start",  # the commit the run started with (differs from git_commit after a resume)
@@ -74,7 +76,7 @@ class RunRecord:
     study: str
     info: dict[str, str]  # RUN_INFO_KEYS: experiment, overrides, git_commit, ..., precision, git_dirty, ...
     config: dict[str, str]  # flattened config ("data.anchors" -> "false"); values as in YAML
-    metrics: dict[str, float]  # every scalar result: params/*, val_loss, ..., every scalar eval key
+    metrics: Metrics  # every scalar result: params/*, val_loss, ..., every scalar eval key (parsed once)
     series: dict[str, list[float]]  # position_loss/L: mean loss per position bin
     config_path: Path | None = None
     val_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, val/loss) during training
@@ -84,6 +86,10 @@ class RunRecord:
     # each evaluation corpus's windows (their losses are in `windows` as `NAME:loss/512`)
     corpus_windows: dict[str, CorpusWindows] = field(default_factory=dict)
     stage_curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # STAGE_KEY_LOSS, ...
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metrics, Metrics):  # a plain mapping (a test's, a view's): parsed here, once
+            self.metrics = Metrics(self.metrics)
 
     @property
     def finished(self) -> bool:
