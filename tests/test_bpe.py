@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tokenizers import pre_tokenizers
 
-import posab.data
+import posab.data.pipeline
 from conftest import run_main, typed_config
 from posab.data import CorpusData, DataConfig, SyntheticConfig, prepare_data
 from posab.data.bpe import BYTE_CHARS, TOKENIZER_FILE, BPETokenizer
@@ -141,7 +141,7 @@ def test_second_prepare_data_reuses_the_trained_tokenizer(
         raise AssertionError("trained or loaded again instead of read from the cache")
 
     monkeypatch.setattr(BPETokenizer, "train", fail)
-    monkeypatch.setattr(posab.data, "load_documents", fail)
+    monkeypatch.setattr(posab.data.pipeline, "load_documents", fail)
     again = prepare_data(bpe_config(data.cache_dir.parents[1]))
     assert again.cache_dir == data.cache_dir
     assert again.tokenizer.hf.get_vocab() == data.tokenizer.hf.get_vocab()

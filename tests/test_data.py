@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import posab.data
+import posab.data.pipeline
 from posab.data import DataConfig, SyntheticConfig, TokenStream, TrainSampler, prepare_data
 from posab.data.corpora import group_wikitext, load_documents, split_documents
 from posab.data.synthetic import SyntheticSpec, generate_corpus, write_text_folder
@@ -216,7 +216,7 @@ def test_second_prepare_data_maps_the_cache_without_tokenizing(
     def fail(cfg: DataConfig) -> None:
         raise AssertionError("the corpus was loaded again instead of read from the cache")
 
-    monkeypatch.setattr(posab.data, "load_documents", fail)
+    monkeypatch.setattr(posab.data.pipeline, "load_documents", fail)
     second = prepare_data(data_config(tmp_path))
     assert second.cache_dir == first.cache_dir
     for split, stream in second.streams.items():

@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-import posab.data
+import posab.data.pipeline
 from conftest import ENCODINGS, run_main, tiny_model
 from posab.bench.cli import main as bench_main
 from posab.build import build_model
 from posab.config import load_config
 from posab.data import DataConfig, SyntheticConfig, prepare_data, run_tokenizer
-from posab.data.bpe import BPETokenizer
+from posab.data.bpe import TOKENIZER_FILE, BPETokenizer
+from posab.data.structure import StructureTracker
 from posab.data.synthetic import SyntheticSpec, generate_corpus
 from posab.data.tokenizer import BOS, EOS, ByteTokenizer, Tokenizer, concatenate
-from posab.decoding import StructureTracker, generate, step_by_step_full
+from posab.decoding import generate, step_by_step_full
 from posab.errors import ConfigError
 from posab.model import DecoderLM
 from posab.run.directory import CHECKPOINTS, load_model_state
@@ -240,7 +242,9 @@ def test_the_tokenizer_of_a_bpe_run_comes_from_its_cache_without_the_corpus(
     small = SyntheticConfig(vocab_size=300, train_docs=3, valid_docs=1, test_docs=1)
     cfg = DataConfig(tokenizer="bpe", vocab_size=320, cache_dir=str(tmp_path / "cache"), synthetic=small)
     built = prepare_data(cfg).tokenizer
-    monkeypatch.setattr(posab.data, "prepare_data", lambda cfg: pytest.fail("the corpus was prepared"))
+    monkeypatch.setattr(
+        posab.data.pipeline, "prepare_data", lambda cfg: pytest.fail("the corpus was prepared")
+    )
     loaded = run_tokenizer(cfg)
     assert isinstance(loaded, BPETokenizer) and loaded.pieces == built.pieces
     assert isinstance(run_tokenizer(DataConfig(anchors=False)), ByteTokenizer)
@@ -295,6 +299,29 @@ def test_posab_generate_continues_a_prompt_as_generate_does(
     assert code == 0 and text == f"--- prompt ({len(prompt)} tokens)\n{PROMPT}\n" + (
         f"--- continuation (10 tokens, greedy)\n{shown['text']}\n"
     )
+
+
+def test_a_bpe_run_s_folder_copied_elsewhere_generates_without_corpus_or_token_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BPE run keeps its tokenizer in its folder: copied to a fresh directory, with its token cache gone
+    and the corpus unreachable, the folder alone generates what the original did."""
+    bpe = ["data.tokenizer=bpe", "data.vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}"]
+    run_main([*RUN_OVERRIDES, *bpe], tmp_path / "run")
+    assert (tmp_path / "run" / TOKENIZER_FILE).is_file()
+    capsys.readouterr()  # the run's own output
+    args = ["--prompt", PROMPT, "--steps", "6", "--device", "cpu", "--json"]
+    code, out, _ = cli([str(tmp_path / "run"), *args], capsys)
+    assert code == 0
+    shutil.copytree(tmp_path / "run", tmp_path / "elsewhere" / "run")
+    shutil.rmtree(tmp_path / "cache")
+    shutil.rmtree(tmp_path / "run")
+    monkeypatch.setattr(
+        posab.data.pipeline, "prepare_data", lambda cfg: pytest.fail("the corpus was prepared")
+    )
+    copied, again, _ = cli([str(tmp_path / "elsewhere" / "run"), *args], capsys)
+    assert copied == 0 and json.loads(again)["ids"] == json.loads(out)["ids"]
+    assert not (tmp_path / "cache").exists()  # nothing rebuilt the token cache
 
 
 def test_posab_generate_samples_reproducibly(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

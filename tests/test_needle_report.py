@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from report_runs import finished_run
 
-from posab.report import needle as needle_report
 from posab.report.records import STAGE_KEY_LOSS, STAGE_LAST_START, STAGE_PROBES, RunRecord
 from posab.report.runs_csv import write_csv
+from posab.studies import needle as needle_report
 
 
 def staged_run(encoding: str, seed: int, acc: float, probes: list[tuple[int, float]]) -> RunRecord:

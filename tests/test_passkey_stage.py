@@ -18,8 +18,8 @@ from posab.errors import ConfigError
 from posab.passkey.examples import passkey_batch
 from posab.passkey.stage import PasskeyStageConfig, key_accuracy, key_loss
 from posab.report import main as report_main
-from posab.report import needle as needle_report
 from posab.run.reevaluation import reevaluate
+from posab.studies import needle as needle_report
 from posab.training.loop import warmup_cosine
 from posab.training.losses import token_losses
 from posab.training.trainer import TrainConfig, lr_multiplier

@@ -42,10 +42,16 @@ class Encoded:
         return len(self.tokens)
 
 
+def unit_starts(pattern: re.Pattern[bytes], data: bytes | bytearray, since: int = 0) -> list[int]:
+    """The rule: byte offsets where a new unit starts, right after each match of `pattern` (from offset
+    `since` on) that is not at the very end of `data`. `segment` applies it to a whole text,
+    `posab.data.structure.StructureTracker` to the text a model writes, as it grows."""
+    return [m.end() for m in pattern.finditer(data, since) if m.end() < len(data)]
+
+
 def _starts(pattern: re.Pattern[bytes], data: bytes) -> np.ndarray:
-    """Byte offsets where a new unit starts: after each match that is not at the very end."""
-    ends = [m.end() for m in pattern.finditer(data) if m.end() < len(data)]
-    return np.asarray(ends, dtype=np.int64)
+    """`unit_starts` over the whole of `data`, as an array."""
+    return np.asarray(unit_starts(pattern, data), dtype=np.int64)
 
 
 def segment(data: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -130,7 +136,7 @@ def decode_pieces(ids: list[int] | np.ndarray, pieces: list[bytes | None], show_
 
 class IndexTracker:
     """Sentence and paragraph indices of one growing token sequence, one token at a time, by a rule its
-    subclass gives (`_opens`): text's (`posab.decoding.StructureTracker`) or a task's
+    subclass gives (`_opens`): text's (`posab.data.structure.StructureTracker`) or a task's
     (`posab.data.tasks.TaskTracker`). `extend` tracks the next tokens and returns their indices; `seed`
     takes tokens whose indices are already known."""
 

@@ -3,13 +3,15 @@
     posab generate outputs/runs/RUN --prompt "The river" --steps 64
     posab generate RUN --prompt-ids 256,258,84,104,101 --temperature 0.8 --top-k 40 --seed 1 --json
 
-The prompt is encoded with the run's tokenizer as the start of a document (with anchors: BOS, PARA, the text,
+The prompt is encoded with the run's tokenizer (a BPE run keeps its own in its folder, so a copied folder
+generates with no corpus and no token cache) as the start of a document (with anchors: BOS, PARA, the text,
 SENT before each later sentence; no EOS), or given as ids. Tokens are chosen greedily (`--temperature 0`, the
 default) or drawn from softmax(logits / T) over the `--top-k` largest, seeded by `--seed`
 (`posab.decoding.generate`); the sentence and paragraph indices of the new tokens come from the data's own
-rule (`posab.decoding.StructureTracker`). Prints the prompt and the continuation as text (`--show-anchors`:
-anchors as <bos>, <para>, ...), or with `--json` also their ids. The default precision, fp32, gives the
-logits the cached decoding is tested against; `--precision auto` uses bf16 where the hardware has it.
+rule (`posab.data.structure.StructureTracker`). Prints the prompt and the continuation as text
+(`--show-anchors`: anchors as <bos>, <para>, ...), or with `--json` also their ids. The default precision,
+fp32, gives the logits the cached decoding is tested against; `--precision auto` uses bf16 where the
+hardware has it.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from omegaconf import OmegaConf
 from posab.build import build_model
 from posab.config import Config, load_config
 from posab.data import run_tokenizer
+from posab.data.structure import structure_tracker
 from posab.data.tokenizer import EOS, Tokenizer
-from posab.decoding import generate, structure_tracker
+from posab.decoding import generate
 from posab.device import autocast, autocast_dtype, resolve_device
 from posab.errors import ConfigError, require
 from posab.model import DecoderLM
@@ -59,7 +62,7 @@ def load_run(run_dir: Path, checkpoint: str, device: str, precision: str) -> Gen
             f"it holds {', '.join(f'--checkpoint {kind}' for kind in held) or 'no checkpoint'}"
         )
     cfg = load_config(OmegaConf.load(run_dir / "config.yaml"))  # type: ignore[arg-type]
-    tokenizer = run_tokenizer(cfg.data)
+    tokenizer = run_tokenizer(cfg.data, run_dir)  # the folder's own BPE, where it keeps one
     model = build_model(cfg, tokenizer.vocab_size)
     load_model_state(cfg, model, path)
     where = resolve_device(device)

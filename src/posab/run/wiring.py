@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posab.build import build_model, encoding_name
 from posab.config import Config, config_container, load_config
-from posab.data import CorpusData, TrainSampler, prepare_data
+from posab.data import CorpusData, TrainSampler, prepare_data, save_run_tokenizer
 from posab.device import resolve_device
 from posab.distributed import World, barrier, world
 from posab.encodings import encoding_optimizer
@@ -215,6 +215,8 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
     seed_everything(cfg.seed)
     device = resolve_device(cfg.train.device)
     data = prepare_data(cfg.data)
+    if world().is_main:
+        save_run_tokenizer(data.tokenizer, run_dir)  # the folder alone generates (`posab generate`)
     check_eval_lengths(cfg, eval_split(cfg, data))
     corpora = corpus_streams(cfg, data)  # before training: a bad `eval.corpora` entry loses nothing
     if cfg.passkey.enabled:

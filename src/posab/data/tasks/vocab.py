@@ -73,8 +73,8 @@ class TaskTokenizer:
 
 
 class TaskTracker(IndexTracker):
-    """The structure rule (module docstring) for one growing sequence, as `posab.decoding.StructureTracker`
-    is for text."""
+    """The structure rule (module docstring) for one growing sequence, as
+    `posab.data.structure.StructureTracker` is for text."""
 
     def _opens(self, token: int) -> tuple[int, int]:
         if self._last is None:
