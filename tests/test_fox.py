@@ -19,8 +19,9 @@ from torch import Tensor
 
 import posab.encodings.fox_kernel as fox_kernel
 from conftest import text_like, tiny_model
+from posab.cache import LayerCache
 from posab.encodings import Dims, Positions, build_encoding
-from posab.encodings.fox import FoX, mean_by_distance
+from posab.encodings.fox import FoX, GateSums, mean_by_distance
 from posab.encodings.fox_kernel import Forgetting, ForgettingAttention, decay_rows
 from posab.errors import ConfigError
 from posab.forms import QUERY_CHUNK, Causal, Form, causal_mask
@@ -85,9 +86,9 @@ def form_of(enc: FoX, x: Tensor, queries: int | None = None) -> Forgetting:
     tokens after the others (two calls sharing the layer's state)."""
     if queries is None:
         return enc.layer_form(Causal(), 0, x)
-    state: dict[str, Tensor] = {}
-    enc.layer_form(Causal(), 0, x[:, :-queries], state)
-    return enc.layer_form(Causal(), 0, x[:, -queries:], state)
+    cache = LayerCache()
+    enc.layer_form(Causal(), 0, x[:, :-queries], cache)
+    return enc.layer_form(Causal(), 0, x[:, -queries:], cache)
 
 
 Path = Callable[[Form, Tensor, Tensor, Tensor], Tensor]
@@ -267,7 +268,7 @@ def test_the_model_with_fox_equals_the_all_pairs_reference_forward_and_backward(
     reference = copy.deepcopy(model).double()
     enc = reference.encoding
 
-    def layer_reference(form: Form, layer: int, x: Tensor, state: object = None) -> Form:
+    def layer_reference(form: Form, layer: int, x: Tensor, cache: object = None) -> Form:
         single = FoX(Dims(enc.dims.d_model, enc.dims.n_heads)).double()
         single.gates[0] = enc.gates[layer]
         return AllPairs(single, x)
@@ -286,15 +287,18 @@ def test_the_model_with_fox_equals_the_all_pairs_reference_forward_and_backward(
 
 
 def test_the_cache_keeps_the_sum_of_gates_and_continues_it() -> None:
-    """Three calls with one state: c over all keys, each call's gates continued from the last cached c."""
+    """Three calls with one layer cache: c over all keys, each call's gates continued from the last cached c,
+    kept in the layer's typed state (`GateSums`)."""
     enc, (x, *_) = encoding(), leaves()
     whole = form_of(enc, x).cum
-    state: dict[str, Tensor] = {}
+    cache = LayerCache()
     for start, end in ((0, 30), (30, 31), (31, LENGTH)):
-        form = enc.layer_form(Causal(), 0, x[:, start:end], state)
+        form = enc.layer_form(Causal(), 0, x[:, start:end], cache)
         assert form.queries == end - start and form.cum.shape == (B, H, end)
+    sums = cache.state_for(GateSums)
+    assert sums is cache.encoding_state and sums.cum is not None
     # float32 sums of <= 73 gates (each ~1), continued from a rounded partial sum: observed ~1e-7 of c's scale
-    assert_close_to_scale(state["cum"], whole, rel=100 * EPS32)
+    assert_close_to_scale(sums.cum, whole, rel=100 * EPS32)
 
 
 def bf16_window(length: int) -> tuple[Tensor, Tensor, list[Tensor]]:

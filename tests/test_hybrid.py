@@ -19,8 +19,7 @@ from posab.encodings import Dims, Positions
 from posab.encodings.hybrid import KINDS, Hybrid, QueryScaled, swan_scale
 from posab.encodings.rope import RoPE
 from posab.errors import ConfigError
-from posab.forms import Causal, Form
-from posab.forms.base import PerLayer
+from posab.forms import Causal, Form, PerLayer
 from posab.model import DecoderLM
 from tolerances import assert_close_to_scale
 

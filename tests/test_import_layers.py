@@ -16,7 +16,8 @@ PACKAGE = ROOT / "src" / "posab"
 # Bottom to top. A module is named by its dotted path below posab; a package (`encodings`) covers its
 # submodules, except those listed by their own name (`run.summary`, `passkey.stage`).
 LAYERS: list[set[str]] = [
-    {"errors", "io", "results", "paths", "outputs", "plots", "keys", "job_names", "run.summary"},  # no torch
+    {"errors", "io", "results", "paths", "outputs", "plots", "content_statistics", "keys", "catalog"}
+    | {"job_names", "run.summary"},  # no torch
     {"device", "distributed", "positions", "forms", "encodings", "cache", "data", "provenance", "passkey"},
     {"model"},
     {"training", "logging", "wandb_logger", "passkey.mix", "passkey.stage", "decoding"},  # training, decoding
@@ -24,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"config"},  # assembles the sections
     {"build", "sweep_lists"},  # models from configs; the presets' encoding lists, from encodings built
     {"run", "report", "bench", "cli", "__main__"},  # entry points: run, report, benchmark, `posab`
+    {"studies"},  # the studies' commands, on top of the report (which never imports them)
 ]
 TORCH_FREE = sorted(LAYERS[0])
 

@@ -176,7 +176,7 @@ def test_the_same_seed_trains_the_same_model() -> None:
 @pytest.mark.parametrize(
     ("base", "settings", "message"),
     [
-        ({"_target_": "posab.encodings.fire.FIRE"}, {}, "not position-indexed: use one"),
+        ({"_target_": "posab.encodings.fire.FIRE"}, {}, "not position-indexed: a dense-bias encoding acts"),
         ({"_target_": "posab.encodings.hierarchical.Hierarchical"}, {}, "rope, xpos"),
         ({"_target_": "posab.encodings.dape.DAPE", "base": ALIBI}, {}, "alibi, t5, kerple"),
         ({"base": 1}, {}, "_target_"),

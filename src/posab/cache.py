@@ -1,26 +1,59 @@
-"""The key/value cache of decoding: every layer's rotated keys and values, and the positions of every
-cached token, from which each step's attention form is built (`Encoding.form` over all the keys): the
-bias by distance, the sentence and paragraph levels, the query-dependent normalisers. Nothing about a
-form is cached, so a step attends exactly as a full forward pass over the same tokens would."""
+"""The key/value cache of decoding: every layer's decoding state (`LayerCache`: its rotated keys and values,
+and what the encoding keeps of the layer, a typed `EncodingState`), and the positions of every cached token,
+from which each step's attention form is built (`Encoding.attention_form` over all the keys): the bias by
+distance, the sentence and paragraph levels, the query-dependent normalisers. Nothing about a form is
+cached, so a step attends exactly as a full forward pass over the same tokens would.
+
+Each step, the layer appends its new keys and values (`LayerCache.extend`) and then asks the encoding for
+its form with the layer's `LayerCache` (`Encoding.layer_form`), so an encoding may read the cached keys,
+rewrite them in place before the step attends (a method that transforms every cached key at each step),
+and keep its own state over the keys in `state_for` (FoX: the running sums of its log forget gates)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from torch import Tensor
 
 from posab.positions import Positions
 
 
+class EncodingState:
+    """What an encoding keeps of one layer between decoding steps, beside its keys and values: subclass it
+    (a dataclass whose fields all have defaults) and read it with `LayerCache.state_for`."""
+
+
+State = TypeVar("State", bound=EncodingState)
+
+
 @dataclass
 class LayerCache:
-    """One layer's keys and values so far, in buffers that double when full (amortised O(1) copying per
-    decoded token; growing by concatenation copies the whole cache at every step)."""
+    """One layer's decoding state: its keys and values so far, in buffers that double when full (amortised
+    O(1) copying per decoded token; growing by concatenation copies the whole cache at every step), and
+    the encoding's own state of the layer (`state_for`)."""
 
     keys: Tensor | None = None  # (B, H, capacity, D)
     values: Tensor | None = None  # (B, H, capacity, D)
     length: int = 0  # the cached tokens: keys[:, :, :length]
-    state: dict[str, Tensor] = field(default_factory=dict)  # the encoding's own, per layer (`layer_form`)
+    encoding_state: EncodingState | None = None  # the encoding's own (`state_for`), None until first used
+
+    def state_for(self, kind: type[State]) -> State:
+        """The encoding's state of this layer, of type `kind`: made (with its defaults) on first use."""
+        if self.encoding_state is None:
+            self.encoding_state = kind()
+        if not isinstance(self.encoding_state, kind):
+            raise TypeError(
+                f"this layer's cache holds a {type(self.encoding_state).__name__}, not a {kind.__name__}"
+            )
+        return self.encoding_state
+
+    def cached(self) -> tuple[Tensor, Tensor]:
+        """Every key and value so far: (B, H, n, D) views of the buffers (writing to them rewrites the
+        cache)."""
+        if self.keys is None or self.values is None:
+            raise ValueError("an empty layer cache: extend it first")
+        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
 
     def extend(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Append the new tokens' (B, H, c, D) keys and values; returns every key and value so far,
@@ -31,7 +64,7 @@ class LayerCache:
         self.keys[:, :, self.length : end] = keys
         self.values[:, :, self.length : end] = values
         self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        return self.cached()
 
     def _grow(self, keys: Tensor, values: Tensor, capacity: int) -> None:
         """New buffers of `capacity` tokens, shaped and typed as the new keys and values, holding the old."""

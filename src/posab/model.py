@@ -95,8 +95,10 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.queries_keys_values(x, layer.encoding, layer.pos)  # 3 x (B, H, c, D)
         if cache is not None:
-            k, v = cache.extend(k, v)  # 2 x (B, H, n, D)
-        form = layer.encoding.layer_form(layer.form, self.index, x, None if cache is None else cache.state)
+            cache.extend(k, v)
+        form = layer.encoding.layer_form(layer.form, self.index, x, cache)  # may rewrite the cached keys
+        if cache is not None:
+            k, v = cache.cached()  # 2 x (B, H, n, D)
         if layer.observe is not None:
             layer.observe(AttentionInputs(q, k, form))
         dropout = self.dropout if self.training else 0.0

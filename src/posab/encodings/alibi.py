@@ -9,7 +9,7 @@ import math
 import torch
 from torch import Tensor
 
-from posab.encodings.base import Dims, Encoding, Positions
+from posab.encodings.base import Dims, Encoding, Kind, Positions
 from posab.forms import Form
 
 
@@ -27,6 +27,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 
 class ALiBi(Encoding):
+    kind = Kind.DISTANCE_BIAS
     relative_only = True
     static_form = True
 

@@ -21,11 +21,13 @@ import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, get_type_hints
 
 import torch
 from torch import Tensor, nn
 
+from posab.cache import LayerCache
 from posab.errors import ConfigError
 from posab.forms import Additive, Causal, Form
 from posab.positions import Positions
@@ -36,6 +38,47 @@ CONTEXT_EXTENSIONS = ("pi", "ntk", "yarn")
 # The model's initialisation std for its embeddings and matrices (GPT-2; Radford et al., 2019): the token
 # embeddings start with norm ~ INIT_STD * sqrt(d_model); an encoding that adds to them sizes itself on it.
 INIT_STD = 0.02
+
+
+class Kind(StrEnum):
+    """What an encoding is, declared as data (`Encoding.kind`) rather than probed from its hooks: what a
+    wrapper may build on (DAPE: an additive bias shared by the batch; randomized positions: an encoding
+    indexed by position) and how the house reads it. tests/test_kinds.py holds every declaration to what
+    the encoding's hooks and forms do."""
+
+    NONE = "none"
+    ABSOLUTE = "absolute"
+    ROTARY = "rotary"
+    PER_LAYER = "per-layer"
+    DISTANCE_BIAS = "distance-bias"
+    DENSE_BIAS = "dense-bias"
+    STRUCTURE_BIAS = "structure-bias"
+    SCALED = "scaled"
+    CONTENT = "content"
+    SOFTMAX_REPLACEMENT = "softmax-replacement"
+
+    @property
+    def acts(self) -> str:
+        """How an encoding of this kind acts, as an error message says it."""
+        return KIND_ACTS[self]
+
+
+KIND_ACTS = {
+    Kind.NONE: "through no position at all: causal attention alone (NoPE)",
+    Kind.ABSOLUTE: "through the token embeddings (`embed`: sinusoidal, learned)",
+    Kind.ROTARY: "by rotating queries and keys (`rotate`: RoPE, xPos)",
+    Kind.PER_LAYER: "through another form per layer (`PerLayer`: the NoPE/RoPE hybrids)",
+    Kind.DISTANCE_BIAS: "through an additive bias of i - j from a per-distance table, one per batch",
+    Kind.DENSE_BIAS: "through an additive bias of (i, j), one per batch (FIRE's, which reads i)",
+    Kind.STRUCTURE_BIAS: "through a bias per sample, from its sentence and paragraph structure",
+    Kind.SCALED: "by multiplying the scores by a factor of i - j (multiscale form=multiplicative)",
+    Kind.CONTENT: "through a position computed from the content (FoX's gates, CoPE's counts, DAPE's MLP)",
+    Kind.SOFTMAX_REPLACEMENT: "through attention weights other than a softmax (stick-breaking)",
+}
+
+
+BIAS_KINDS = (Kind.DISTANCE_BIAS, Kind.DENSE_BIAS)  # an additive bias shared by the batch, nothing else
+POSITION_INDEXED = (Kind.NONE, Kind.ABSOLUTE, Kind.ROTARY)  # through embed/rotate alone, causal attention
 
 
 @dataclass(frozen=True)
@@ -67,6 +110,7 @@ class Encoding(nn.Module):
     True when `form` depends only on the sequence length (not on offsets or sentence structure).
     """
 
+    kind: Kind = Kind.NONE  # what it is (`Kind`); an encoding whose kind follows its settings sets it
     relative_only: bool = True
     static_form: bool = (
         False  # `attention_form` depends only on the lengths (the model may cache it per length)
@@ -93,13 +137,14 @@ class Encoding(nn.Module):
         return Causal(self.dims.window)
 
     def layer_form(
-        self, form: Form, layer: int, x: Tensor | None = None, state: dict[str, Tensor] | None = None
+        self, form: Form, layer: int, x: Tensor | None = None, cache: LayerCache | None = None
     ) -> Form:
         """The form of attention layer `layer` given the pass's `form`: the same by default (DAPE: its
         function of the logits and the bias, one per layer). `x` (B, c, C) is the layer's attention input
-        (a gate computed from the content reads it); `state` is what the layer's key/value cache keeps for
-        the encoding between decoding steps (None without a cache): an encoding with state of its own over
-        the keys (a sum of gates) reads and updates it here."""
+        (a gate computed from the content reads it); `cache` is the layer's decoding state (None without a
+        cache), its new keys and values already appended: an encoding reads the cached keys there, may
+        rewrite them in place before the step attends, and keeps its own state over the keys in
+        `cache.state_for(ItsState)` (FoX: the sums of its gates)."""
         return form
 
     def distance_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Additive:
@@ -224,19 +269,50 @@ def type_name(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
-class Wrapper(Encoding):
-    """An encoding built around another (`self.base`, set by the subclass): the extrapolation audit's bias
-    and features, the parameters' constraint and the run's numbers are the base's unless it says otherwise
-    (randomized positions, DAPE)."""
+class Wrapping(Encoding):
+    """An encoding built around another, `base`: every hook and every declaration (its kind, `relative_only`,
+    `static_form`, `variants`) is the base's unless the subclass overrides it (randomized positions: the
+    positions the base sees; DAPE: each layer's form and its kind). The extrapolation audit's bias and
+    features are the base's: the prior the wrapper builds on."""
 
-    base: Encoding
+    def __init__(self, dims: Dims, base: Encoding) -> None:
+        super().__init__(dims)
+        self.base = base
+
+    @property
+    def kind(self) -> Kind:  # type: ignore[override]
+        return self.base.kind
+
+    @property
+    def relative_only(self) -> bool:  # type: ignore[override]
+        return self.base.relative_only
+
+    @property
+    def static_form(self) -> bool:  # type: ignore[override]
+        return self.base.static_form
+
+    @property
+    def variants(self) -> tuple[str, ...]:  # type: ignore[override]
+        return self.base.variants
+
+    def embed(self, x: Tensor, pos: Positions) -> Tensor:
+        return self.base.embed(x, pos)
+
+    def rotate(self, q: Tensor, k: Tensor, pos: Positions, layer: int = 0) -> tuple[Tensor, Tensor]:
+        return self.base.rotate(q, k, pos, layer)
+
+    def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
+        return self.base.attention_form(pos, queries, dtype)
+
+    def layer_form(
+        self, form: Form, layer: int, x: Tensor | None = None, cache: LayerCache | None = None
+    ) -> Form:
+        return self.base.layer_form(form, layer, x, cache)
 
     def distance_bias(self, distance: Tensor) -> Tensor | None:
-        """The base's bias by distance: the audit's curve is the prior the wrapper builds on."""
         return self.base.distance_bias(distance)
 
     def bias_features(self, distance: Tensor) -> Tensor | None:
-        """The base MLP's input features (the audit's novelty), or None when the base has no MLP."""
         return self.base.bias_features(distance)
 
     def constrain(self) -> None:
@@ -244,3 +320,13 @@ class Wrapper(Encoding):
 
     def summary(self) -> dict[str, float]:
         return self.base.summary()
+
+    @contextmanager
+    def planned_positions(self, total: int) -> Iterator[None]:
+        with self.base.planned_positions(total):
+            yield
+
+    @contextmanager
+    def variant(self, kind: str, factor: float, train_len: int | None = None) -> Iterator[None]:
+        with self.base.variant(kind, factor, train_len):
+            yield

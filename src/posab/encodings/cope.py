@@ -45,13 +45,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding
+from posab.cache import LayerCache
+from posab.encodings.base import Dims, Encoding, Kind
 from posab.encodings.cope_kernel import Counted
 from posab.errors import ConfigError
 from posab.forms import Form
 
 
 class CoPE(Encoding):
+    kind = Kind.CONTENT
     relative_only = True  # positions are counts of keys: no token position enters
     static_form = True  # the pass's form is plain causal attention; the layers' forms carry the tables
 
@@ -72,7 +74,7 @@ class CoPE(Encoding):
         self.table = nn.Parameter(torch.zeros(dims.n_layers, self.npos, dims.head_dim))  # (layers, npos, D)
 
     def layer_form(
-        self, form: Form, layer: int, x: Tensor | None = None, state: dict[str, Tensor] | None = None
+        self, form: Form, layer: int, x: Tensor | None = None, cache: LayerCache | None = None
     ) -> Counted:
         """Layer `layer`'s CoPE form over its own table (the pass's causal `form` is implied by it)."""
         return Counted(self.table[layer], self.scale)

@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posab.encodings.dape_kernel import without_autocast
-from posab.forms import Form, compute_dtype
+from posab.forms import Form, compute_dtype, without_autocast
 from posab.forms.base import key_offset
 
 COUNT_CHUNK = 32  # queries per chunk: the fastest training step (L=512, B=16, bf16 autocast, CPU time on 1

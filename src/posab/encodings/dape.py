@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding, Positions, Wrapper
+from posab.cache import LayerCache
+from posab.encodings.base import BIAS_KINDS, Dims, Kind, Wrapping
 from posab.encodings.dape_kernel import Mixed
 from posab.errors import ConfigError
-from posab.forms import Additive, Form
+from posab.forms import Form
 
 LEAKY_SLOPE = 0.01  # nn.LeakyReLU's default, as the reference code uses it
 
@@ -51,21 +52,10 @@ class ScoreMixer(nn.Module):
         return logits + bias + self.second(hidden).permute(0, 3, 1, 2)  # (B, c, n, H) -> (B, H, c, n)
 
 
-def additive_only(encoding: Encoding) -> bool:
-    """Whether an encoding acts only through an additive bias shared by the batch, its form `Additive`
-    (what DAPE can build on)."""
-    cls = type(encoding)
-    hooks_untouched = all(
-        getattr(cls, hook) is getattr(Encoding, hook) for hook in ("embed", "rotate", "layer_form")
-    )
-    return hooks_untouched and isinstance(
-        encoding.attention_form(Positions.build(2), 2, torch.float32), Additive
-    )
+class DAPE(Wrapping):
+    kind = Kind.CONTENT  # a function of the logits and the base's bias at every pair
 
-
-class DAPE(Wrapper):
     def __init__(self, dims: Dims, base: dict[str, Any], width: int = 32) -> None:
-        super().__init__(dims)
         from posab.encodings import build_encoding  # the package builds encodings; it imports this module
 
         if isinstance(width, bool) or width < 1:
@@ -74,28 +64,23 @@ class DAPE(Wrapper):
             )
         if "_target_" not in base:
             raise ConfigError(f"dape base={base!r}: name the base encoding's _target_ (ALiBi, MultiScale)")
-        self.base = build_encoding(base, dims)
-        if not additive_only(self.base):
+        built = build_encoding(base, dims)
+        if built.kind not in BIAS_KINDS:
             raise ConfigError(
-                f"dape base {base['_target_']!r} acts beyond an additive bias (embeddings, rotation, a score "
-                "scale or per-sample factors); DAPE builds on an additive bias: ALiBi, T5, FIRE, KERPLE or "
-                "multiscale with form=additive"
+                f"dape base {base['_target_']!r} is a {built.kind} encoding: it acts {built.kind.acts}; DAPE "
+                "builds on an additive bias shared by the batch (kinds distance-bias, dense-bias): ALiBi, "
+                "T5, FIRE, KERPLE or multiscale with form=additive"
             )
         if dims.window is not None:
             raise ConfigError(
                 f"model.window={dims.window}: DAPE's function of the logits and the bias has no sliding "
                 "window here (the reference has none); use model.window=null"
             )
-        self.relative_only, self.static_form = self.base.relative_only, self.base.static_form
+        super().__init__(dims, built)
         self.mixers = nn.ModuleList(ScoreMixer(dims.n_heads, width) for _ in range(dims.n_layers))
 
-    def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> Form:
-        return self.base.attention_form(
-            pos, queries, dtype
-        )  # the base's additive bias, shared by every layer
-
     def layer_form(
-        self, form: Form, layer: int, x: Tensor | None = None, state: dict[str, Tensor] | None = None
+        self, form: Form, layer: int, x: Tensor | None = None, cache: LayerCache | None = None
     ) -> Mixed:
         """Layer `layer`'s function of the logits and the base's bias (`dape_kernel.Mixed`)."""
-        return Mixed(form, self.mixers[layer])  # type: ignore[arg-type]  # an Additive (`additive_only`)
+        return Mixed(form, self.mixers[layer])  # type: ignore[arg-type]  # an Additive (BIAS_KINDS)

@@ -7,7 +7,6 @@ evaluation. In a cached decoding step the queries are the last c of the n keys (
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posab.forms import Additive, Form, compute_dtype
+from posab.forms import Additive, Form, compute_dtype, without_autocast
 from posab.forms.base import key_offset
 
 
@@ -30,13 +29,6 @@ class PairMLP(Protocol):
 
 MIX_CHUNK = 16  # queries per chunk of `mixed_attention`: measured fastest on 2 CPU cores at L=512, B=16
 # (one layer forward and backward, f channels first: 16: 0.83 s, 32: 0.97 s; f channels last at 32: 1.40 s)
-
-
-def without_autocast(device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """Autocast off on `device` (nothing to turn off on a device autocast does not know, such as meta)."""
-    if torch.amp.is_autocast_available(device.type):
-        return torch.autocast(device.type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def future_keys(start: int, end: int, device: torch.device, offset: int = 0) -> Tensor:

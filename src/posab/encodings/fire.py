@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding, Positions, distances
+from posab.encodings.base import Dims, Encoding, Kind, Positions, distances
 from posab.errors import ConfigError
 from posab.forms import Additive, Form, block_toeplitz
 
@@ -48,6 +48,7 @@ def relu_mlp_pieces(mlp: nn.Sequential) -> tuple[Tensor, Tensor, Tensor]:
 
 
 class FIRE(Encoding):
+    kind = Kind.DENSE_BIAS
     relative_only = False
 
     def __init__(self, dims: Dims, hidden: int = 32, init_c: float = 0.1) -> None:

@@ -31,18 +31,28 @@ and a step continues the sum from the last one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posab.encodings.base import INIT_STD, Dims, Encoding, Positions
+from posab.cache import EncodingState, LayerCache
+from posab.encodings.base import INIT_STD, Dims, Encoding, Kind, Positions
 from posab.encodings.fox_kernel import Forgetting, ForgettingPass, Scratch
 from posab.errors import ConfigError
 from posab.forms import Form, compute_dtype
 
 
+@dataclass
+class GateSums(EncodingState):
+    """FoX's decoding state of one layer: c, the running sum of the log forget gates of every cached key."""
+
+    cum: Tensor | None = None  # (B, H, n)
+
+
 class FoX(Encoding):
+    kind = Kind.CONTENT
     relative_only = True  # D_ij reads the gates of tokens j+1..i, never a position
 
     def __init__(
@@ -72,18 +82,18 @@ class FoX(Encoding):
         return F.logsigmoid(logit.to(compute_dtype(logit))).transpose(1, 2)  # (B, c, H) -> (B, H, c)
 
     def layer_form(
-        self, form: Form, layer: int, x: Tensor | None = None, state: dict[str, Tensor] | None = None
+        self, form: Form, layer: int, x: Tensor | None = None, cache: LayerCache | None = None
     ) -> Forgetting:
-        """Layer `layer`'s decay bias over every key: c of the new tokens, after the cached keys' c (`state`
-        keeps c of every key so far, (B, H, n), and is extended here)."""
+        """Layer `layer`'s decay bias over every key: c of the new tokens, after the cached keys' c (the
+        layer's `GateSums` keeps c of every key so far, (B, H, n), and is extended here)."""
         if x is None:
             raise ValueError("FoX's forget gates read the layer's attention input: pass x to layer_form")
         cum = torch.cumsum(self.log_gates(layer, x), dim=-1)  # (B, H, c)
-        if state is not None:
-            cached = state.get("cum")
-            if cached is not None:
-                cum = torch.cat([cached, cum + cached[..., -1:]], dim=-1)  # (B, H, n)
-            state["cum"] = cum
+        if cache is not None:
+            sums = cache.state_for(GateSums)
+            if sums.cum is not None:
+                cum = torch.cat([sums.cum, cum + sums.cum[..., -1:]], dim=-1)  # (B, H, n)
+            sums.cum = cum
         scratch = form.scratch if isinstance(form, ForgettingPass) else Scratch()
         return Forgetting(cum, x.shape[1], self.dims.window, scratch)
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding, Positions, distances
+from posab.encodings.base import Dims, Encoding, Kind, Positions, distances
 from posab.encodings.multiscale import DistanceMLP, clamp_distance, clamp_unseen_in_training
 from posab.errors import ConfigError
 from posab.forms import Additive, BiasFactors, Form, LowRank
@@ -36,6 +36,7 @@ COMBINES = ("mix", "sum")
 
 
 class Hierarchical(Encoding):
+    kind = Kind.STRUCTURE_BIAS
     relative_only = True
 
     def __init__(
@@ -57,6 +58,8 @@ class Hierarchical(Encoding):
         if combine not in COMBINES:
             raise ConfigError(f"hierarchical combine={combine!r}: use one of {list(COMBINES)}")
         self.combine = combine
+        if self.levels == ("token",):
+            self.kind = Kind.DISTANCE_BIAS  # its token level alone: a bias by distance
         if dims.window is not None and self.levels != ("token",):
             raise ConfigError(
                 f"model.window={dims.window}: the hierarchical bias's sentence and paragraph levels have no "

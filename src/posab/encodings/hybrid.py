@@ -39,11 +39,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posab.encodings.base import Dims, Encoding, Positions
+from posab.cache import LayerCache
+from posab.encodings.base import Dims, Encoding, Kind, Positions
 from posab.encodings.rope import RoPE
 from posab.errors import ConfigError
-from posab.forms import Causal, Form, compute_dtype
-from posab.forms.base import PerLayer
+from posab.forms import Causal, Form, PerLayer, compute_dtype
 
 KINDS = ("nope", "rope", "rope_window")  # the kinds of layer a pattern names; their forms, in this order
 ROTATES = frozenset({"rope", "rope_window"})  # kinds whose q and k RoPE rotates
@@ -114,6 +114,7 @@ def check_scaling(scaling: str, base: float | None) -> None:
 
 
 class Hybrid(Encoding):
+    kind = Kind.PER_LAYER
     """NoPE and RoPE layers, global or in a sliding window, after a repeated `pattern` (module docstring)."""
 
     relative_only = True  # RoPE is relative, NoPE has no position, windows and SWAN's t count keys
@@ -154,7 +155,7 @@ class Hybrid(Encoding):
         return PerLayer((nope, Causal(), Causal(self.window)))
 
     def layer_form(
-        self, form: Form, layer: int, x: Tensor | None = None, state: dict[str, Tensor] | None = None
+        self, form: Form, layer: int, x: Tensor | None = None, cache: LayerCache | None = None
     ) -> Form:
         """The form of the layer's kind from the pass's `PerLayer`."""
         assert isinstance(form, PerLayer), f"a hybrid layer picks from the pass's PerLayer, got {form!r}"

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding, Positions
+from posab.encodings.base import Dims, Encoding, Kind, Positions
 from posab.errors import ConfigError
 from posab.forms import Form
 
@@ -34,6 +34,7 @@ def inverse_softplus(y: Tensor) -> Tensor:
 
 
 class Kerple(Encoding):
+    kind = Kind.DISTANCE_BIAS
     relative_only = True
     static_form = True
 

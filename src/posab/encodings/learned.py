@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import INIT_STD, Dims, Encoding, Positions
+from posab.encodings.base import INIT_STD, Dims, Encoding, Kind, Positions
 from posab.errors import ConfigError
 
 SEED_OFFSET = 10_000  # the table's generator seed = run seed + this: never a run's own torch seed (0, 1, ...)
@@ -35,6 +35,7 @@ def table_rows(rows: int, width: int, seed: int) -> Tensor:
 
 
 class Learned(Encoding):
+    kind = Kind.ABSOLUTE
     relative_only = False
 
     def __init__(self, dims: Dims, init_std: float = INIT_STD) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import Dims, Encoding, Positions, distances
+from posab.encodings.base import Dims, Encoding, Kind, Positions, distances
 from posab.errors import ConfigError
 from posab.forms import Additive, Form, Scaled
 
@@ -92,6 +92,7 @@ class DistanceMLP(nn.Module):
 
 
 class MultiScale(Encoding):
+    kind = Kind.DISTANCE_BIAS  # on its raw, log or held inputs, additive (`__init__`: by its settings)
     relative_only = True
     static_form = True
 
@@ -114,6 +115,9 @@ class MultiScale(Encoding):
             raise ConfigError(f"multiscale form={form!r}: use one of {list(FORMS)}")
         self.input, self.max_dist, self.train_len = input, max_dist, dims.train_len
         self.relative_only = self.static_form = input != "fire"
+        self.kind = (
+            Kind.SCALED if form == FORMS[1] else Kind.DENSE_BIAS if input == "fire" else Kind.DISTANCE_BIAS
+        )
         self.distance_mlp = DistanceMLP(dims.n_heads, num_freqs, max_dist, hidden, spacing)
         self.gate_mlp = (
             DistanceMLP(dims.n_heads, num_freqs, max_dist, hidden, spacing) if form == FORMS[1] else None

@@ -50,9 +50,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posab.encodings.base import Dims, Encoding, Positions, Wrapper, distances
+from posab.encodings.base import POSITION_INDEXED, Dims, Encoding, Kind, Positions, Wrapping, distances
 from posab.errors import ConfigError
-from posab.forms import Additive, Causal, Form
+from posab.forms import Additive, Form
 
 EVAL_POSITIONS = ("contiguous", "sampled")
 TRAIN_SEED_OFFSET = 20_000  # the training draws' generator seed = run seed + this (learned's table: 10,000)
@@ -64,22 +64,19 @@ def sorted_sample(count: int, limit: int, generator: torch.Generator) -> Tensor:
     return torch.randperm(limit, generator=generator)[:count].sort().values
 
 
-def base_kind(base: Encoding) -> str | None:
-    """`positions` for a base acting through embed/rotate alone (its form causal attention), `distance` for
-    one acting only through an additive bias of i - j from a per-distance table, None otherwise."""
-    cls = type(base)
-    untouched = {
-        hook: getattr(cls, hook) is getattr(Encoding, hook) for hook in ("embed", "rotate", "layer_form")
-    }
-    flat = torch.zeros(1, 2, dtype=torch.long)  # (1, 2) sentence and paragraph indices: one of each
-    form = base.attention_form(Positions.build(2, sentence=flat, paragraph=flat), 2, torch.float32)
-    if untouched["layer_form"] and type(form) is Causal:
+def indexing(base: Encoding) -> str | None:
+    """How sampled positions reach a base, from its declared kind: `positions` for one acting through
+    embed/rotate alone (its form causal attention), `distance` for one acting only through an additive bias
+    of i - j from a per-distance table fixed by the length, None for any other (not position-indexed)."""
+    if base.kind in POSITION_INDEXED:
         return "positions"
-    by_distance = isinstance(form, Additive) and form.table is not None and base.static_form
-    return "distance" if all(untouched.values()) and by_distance else None
+    return "distance" if base.kind is Kind.DISTANCE_BIAS and base.static_form else None
 
 
-class Randomized(Wrapper):
+class Randomized(Wrapping):
+    variants = ()  # the base's context extensions (RoPE's) assume contiguous positions: none offered
+    variant = Encoding.variant
+
     def __init__(
         self,
         dims: Dims,
@@ -87,7 +84,6 @@ class Randomized(Wrapper):
         max_length_factor: int = 8,
         eval_positions: str = "contiguous",
     ) -> None:
-        super().__init__(dims)
         from posab.encodings import build_encoding  # the package builds encodings; it imports this module
 
         if eval_positions not in EVAL_POSITIONS:
@@ -103,22 +99,29 @@ class Randomized(Wrapper):
             raise ConfigError(
                 f"randomized base={base!r}: name the base encoding's _target_ (RoPE, Sinusoidal)"
             )
-        self.factor, self.max_length = max_length_factor, max_length_factor * dims.train_len  # L_max
-        rows = max(dims.max_positions, self.max_length)  # a learned table covers every sampled position
-        self.base = build_encoding(base, dataclasses.replace(dims, max_positions=rows))
-        self.kind = base_kind(self.base)
-        if self.kind is None:
+        rows = max(dims.max_positions, max_length_factor * dims.train_len)  # a learned table covers L_max
+        built = build_encoding(base, dataclasses.replace(dims, max_positions=rows))
+        if isinstance(built, Randomized):
+            raise ConfigError(f"randomized base {base['_target_']!r} draws its positions already")
+        if indexing(built) is None:
             raise ConfigError(
-                f"randomized base {base['_target_']!r} is not position-indexed: use one acting through "
-                "embeddings or rotations (sinusoidal, learned, rope, xpos, nope) or through a bias of i - j "
-                "alone (alibi, t5, kerple, multiscale with form=additive and input raw or log)"
+                f"randomized base {base['_target_']!r} is not position-indexed: a {built.kind} encoding acts "
+                f"{built.kind.acts}; use one acting through embeddings or rotations (sinusoidal, learned, "
+                "rope, xpos, nope) or through a bias of i - j alone (alibi, t5, kerple, multiscale with "
+                "form=additive and input raw or log)"
             )
+        super().__init__(dims, built)
+        self.factor, self.max_length = max_length_factor, max_length_factor * dims.train_len  # L_max
+        self.indexing = indexing(built)
         self.eval_positions = eval_positions
-        self.relative_only = self.base.relative_only and eval_positions == "contiguous"
         self.train_draws = torch.Generator().manual_seed(dims.seed + TRAIN_SEED_OFFSET)
         self.eval_draws = torch.Generator().manual_seed(dims.seed + EVAL_SEED_OFFSET)
         self._drawn: tuple[Positions, Positions] | None = None  # this pass's positions and their sample
         self._plan: Tensor | None = None  # (total,) a whole decoded sequence's sample (`planned_positions`)
+
+    @property
+    def relative_only(self) -> bool:  # type: ignore[override]  # sampled positions replace the offsets
+        return self.base.relative_only and self.eval_positions == "contiguous"
 
     @property
     def sampling(self) -> bool:
@@ -206,7 +209,7 @@ class Randomized(Wrapper):
                 "or use encoding.eval_positions=contiguous"
             )
         seen = self.positions(pos)
-        if seen is pos or self.kind == "positions":
+        if seen is pos or self.indexing == "positions":
             return self.base.attention_form(seen, queries, dtype)
         return Additive(self.sampled_bias(seen, queries)[None], dtype, window=self.dims.window)
 

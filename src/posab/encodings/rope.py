@@ -32,7 +32,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from posab.encodings.base import CONTEXT_EXTENSIONS, Dims, Encoding, Positions
+from posab.encodings.base import CONTEXT_EXTENSIONS, Dims, Encoding, Kind, Positions
 from posab.errors import ConfigError
 
 SCALINGS = ("none", *CONTEXT_EXTENSIONS)
@@ -75,6 +75,7 @@ def attention_factor(kind: str, factor: float) -> float:
 
 
 class RoPE(Encoding):
+    kind = Kind.ROTARY
     relative_only = True  # up to floating-point rounding of the angles
     variants = tuple(kind for kind in SCALINGS if kind != "none")  # context extensions at evaluation
 

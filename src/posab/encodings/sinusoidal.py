@@ -19,13 +19,14 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import INIT_STD, Dims, Encoding, Positions
+from posab.encodings.base import INIT_STD, Dims, Encoding, Kind, Positions
 from posab.errors import ConfigError
 
 FORMS = ("scaled", "paper", "unscaled")
 
 
 class Sinusoidal(Encoding):
+    kind = Kind.ABSOLUTE
     relative_only = False
 
     def __init__(

@@ -19,13 +19,14 @@ that is a change to the layer, not the attention, and is not built here.
 
 import torch
 
-from posab.encodings.base import Dims, Encoding, Positions
+from posab.encodings.base import Dims, Encoding, Kind, Positions
 from posab.encodings.stickbreaking_kernel import StickBreakingForm
 from posab.errors import ConfigError
 from posab.forms import Form
 
 
 class StickBreaking(Encoding):
+    kind = Kind.SOFTMAX_REPLACEMENT
     relative_only = True
     static_form = True
 

@@ -42,8 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posab.encodings.dape_kernel import without_autocast
-from posab.forms import Form, compute_dtype
+from posab.forms import Form, compute_dtype, without_autocast
 from posab.forms.base import key_offset, logits
 
 STICK_CHUNK = (

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posab.encodings.base import INIT_STD, Dims, Encoding, Positions
+from posab.encodings.base import INIT_STD, Dims, Encoding, Kind, Positions
 from posab.errors import ConfigError
 from posab.forms import Form
 
@@ -36,6 +36,7 @@ def t5_buckets(distance: Tensor, num_buckets: int = 32, max_distance: int = 128)
 
 
 class T5Bias(Encoding):
+    kind = Kind.DISTANCE_BIAS
     relative_only = True
     static_form = True
 

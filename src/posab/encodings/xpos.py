@@ -39,7 +39,7 @@ rotation alone, which xPos's scales were not trained with.
 import torch
 from torch import Tensor
 
-from posab.encodings.base import Dims, Encoding, Positions
+from posab.encodings.base import Dims, Encoding, Kind, Positions
 from posab.encodings.rope import RoPE
 from posab.errors import ConfigError
 
@@ -51,6 +51,7 @@ def xpos_zeta(rotary_dim: int, gamma: float) -> Tensor:
 
 
 class XPos(Encoding):
+    kind = Kind.ROTARY
     relative_only = True  # up to float rounding of the angles and the scales (the centre cancels)
 
     def __init__(

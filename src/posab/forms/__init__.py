@@ -5,11 +5,23 @@
   the multi-scale bias;
 - `LowRank` (per sample, low rank, beside a shared bias): the hierarchical bias's structural levels;
 - `Scaled` (multiplicative on the logits): the multi-scale bias's form (2);
-- a function of the logits and the bias (DAPE) lives beside DAPE, `posab.encodings.dape_kernel`.
+- `PerLayer` (another form per layer, which `Encoding.layer_form` picks; not attended with itself): the
+  NoPE/RoPE hybrids;
+- an encoding's own form lives beside it and extends `Form` (FoX's `Forgetting`, CoPE's `Counted`, DAPE's
+  `Mixed`, stick-breaking's `StickBreakingForm`, SWAN's `QueryScaled`).
 """
 
 from posab.forms.additive import Additive, block_toeplitz
-from posab.forms.base import QUERY_CHUNK, AttentionInputs, Form, block_causal, causal_mask, compute_dtype
+from posab.forms.base import (
+    QUERY_CHUNK,
+    AttentionInputs,
+    Form,
+    PerLayer,
+    block_causal,
+    causal_mask,
+    compute_dtype,
+    without_autocast,
+)
 from posab.forms.causal import Causal
 from posab.forms.lowrank import BiasFactors, LowRank, full_mask
 from posab.forms.scaled import Scaled
@@ -21,6 +33,7 @@ __all__ = [
     "BiasFactors",
     "Causal",
     "Form",
+    "PerLayer",
     "LowRank",
     "Scaled",
     "block_causal",
@@ -28,4 +41,5 @@ __all__ = [
     "causal_mask",
     "compute_dtype",
     "full_mask",
+    "without_autocast",
 ]

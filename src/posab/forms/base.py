@@ -14,6 +14,7 @@ Each form provides
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -26,6 +27,13 @@ QUERY_CHUNK = 64  # measured fastest on 2 CPU cores at L=512 (64: 0.081 s, 128: 
 def compute_dtype(q: Tensor) -> torch.dtype:
     """The scores' dtype: float32, or float64 for float64 inputs (the exactness tests)."""
     return torch.promote_types(q.dtype, torch.float32)
+
+
+def without_autocast(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Autocast off on `device` (nothing to turn off on a device autocast does not know, such as meta)."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def causal_mask(length: int, device: torch.device) -> Tensor:
