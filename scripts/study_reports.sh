@@ -3,13 +3,13 @@
 #   bash scripts/study_reports.sh            (after folding new runs into a folder with `posab report`;
 #                                             ~10 min on 2 cores, most of it the bootstrap)
 # First the claims (results/study/claims/*.csv tested over every folder's runs.csv: verdicts.csv, the claims
-# README and the claims blocks of README.md and results/study/README.md), then each folder's report with
+# README and the claims blocks of results/README.md and results/study/README.md), then each folder's report with
 # those verdicts, so that a comparison has one verdict in every folder. Each command is the one its part of
 # results/study/README.md gives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=results/study
-posab claims "$S" --write README.md "$S/README.md"
+posab claims "$S" --write results/README.md "$S/README.md"
 C=(--claims "$S/claims/verdicts.csv")
 posab report "$S/budget" --out "$S/budget" "${C[@]}"
 posab report "$S/tuning" --out "$S/tuning" "${C[@]}"

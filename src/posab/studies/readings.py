@@ -1,6 +1,6 @@
 """The readings generated from the claims: `posab claims STUDY_DIR` tests every claim of the study
 (`verdicts.claim_verdicts`), writes `claims/verdicts.csv` and `claims/README.md`, and rewrites the block
-between BEGIN and END in each file given with `--write` (README.md's results, the study's README), so that
+between BEGIN and END in each file given with `--write` (results/README.md, the study's README), so that
 no sentence there can give a claim another verdict than its test; a test checks the blocks are current.
 It first refuses a preregistered family whose declared `seeds` cannot reach α (`power.underpowered`).
 `posab claims plan FILE ...` plans a family's seeds before its runs (`posab.studies.power`).

@@ -7,7 +7,7 @@ Reads the runs as `posab report` does (run folders, sweeps or a runs.csv), keeps
 task (`data.task.name`), and writes into `--out`: tasks.md, tasks.csv (one line per run), mrr.csv,
 claims_verdicts.csv (with `--claims`), tasks.png (accuracy against instance length, a panel per task, the
 mean over seeds per encoding, the training lengths shaded) and runs.csv. With `--claims`, `--write FILE
-...` rewrites the block between TASK_BEGIN and TASK_END in each file (README.md's results, the suite's
+...` rewrites the block between TASK_BEGIN and TASK_END in each file (results/README.md, the suite's
 README) with the claims' tables, so that no sentence there gives an ordering another verdict than its test.
 
 - Accuracy: `task/exact_unseen`, the mean over the test lengths past `data.task.train_lengths` of exact
