@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "budget": ("posab.studies.budget", "the training budget's validation curves"),
     "window-documents": ("posab.studies.window_documents", "add each window's document to runs.csv"),
     "audit-backfill": ("posab.run.audit_backfill", "the audit's pull and input novelty for older runs"),
+    "compare-runs": ("posab.run.compare", "hold two folders of runs to each other: every number identical"),
     "generate": ("posab.run.generate", "continue a prompt with a finished run's model (cached decoding)"),
     "bench": ("posab.bench.cli", "the performance benchmark"),
     "check-device": ("posab.bench.check_device", "every encoding on a device against the CPU in float64"),
