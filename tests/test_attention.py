@@ -11,7 +11,7 @@ import torch
 from posab.encodings import Dims, Positions
 from posab.encodings.rope import RoPE
 from posab.forms import QUERY_CHUNK, Additive, BiasFactors, Causal, LowRank, causal_mask, lowrank
-from posab.forms.kernels import BiasedAttention
+from posab.forms.kernels import Biased, biased_attention
 from tolerances import EPS32, EPS_BF16, assert_close_to_scale
 
 
@@ -39,7 +39,7 @@ def test_biased_attention_gradients_equal_the_reference(mask_batch: int, length:
     grad_out = torch.randn(2, 3, length, 8)
     results = []
     # the fast path in float32 against the explicit softmax in float64 on the same values
-    paths = ((BiasedAttention.apply, (q, k, v, bias)), (explicit_attention, float64(q, k, v, bias)))
+    paths = ((biased_attention, (q, k, v, bias)), (explicit_attention, float64(q, k, v, bias)))
     for fn, inputs in paths:
         mask = inputs[3] + causal_mask(length, bias.device).to(inputs[3].dtype)
         out = fn(*inputs[:3], mask)
@@ -53,7 +53,7 @@ def test_biased_attention_gradients_equal_the_reference(mask_batch: int, length:
 
 @pytest.mark.parametrize("length", [5, QUERY_CHUNK + 7])
 def test_causal_attention_in_training_equals_the_reference(length: int) -> None:
-    """Without a mask, training on the CPU takes BiasedAttention's backward with the causal mask alone:
+    """Without a mask, training on the CPU takes the Biased kernel's backward with the causal mask alone:
     the explicit causal softmax's output and gradients."""
     q, k, v, _ = random_inputs(2, 1, length, torch.float32)
     grad_out = torch.randn(2, 3, length, 8)
@@ -62,7 +62,7 @@ def test_causal_attention_in_training_equals_the_reference(length: int) -> None:
         inputs = [q, k, v] if path == "fast" else float64(q, k, v)
         if path == "fast":
             out = Causal().attend(*inputs)
-            assert out.grad_fn is not None and "BiasedAttention" in type(out.grad_fn).__name__
+            assert out.grad_fn is not None and isinstance(getattr(out.grad_fn, "kernel", None), Biased)
         else:
             out = explicit_attention(*inputs, causal_mask(length, q.device).double())
         out.backward(grad_out.to(out.dtype))
@@ -74,8 +74,9 @@ def test_causal_attention_in_training_equals_the_reference(length: int) -> None:
 
 
 def test_attention_picks_the_path_and_matches_explicit_softmax() -> None:
-    """Each form's `attend` on the CPU: BiasedAttention with gradients (a learned bias, a constant one, none),
-    SDPA without; every path gives the explicit softmax, and so does the form's own `reference` in float64."""
+    """Each form's `attend` on the CPU: the Biased kernel with gradients (a learned bias, a constant one,
+    none), SDPA without; every path gives the explicit softmax, and so does the form's own `reference` in
+    float64."""
     q, k, v, bias = random_inputs(2, 1, 9, torch.float32)
     table = torch.randn(3, 17, generator=torch.Generator().manual_seed(1)).requires_grad_()  # (H, 2L-1)
     q64, k64, v64, bias64, table64 = float64(q, k, v, bias, table)
@@ -100,7 +101,9 @@ def test_attention_picks_the_path_and_matches_explicit_softmax() -> None:
         # the same float64 softmax, summed in another order: ~1e-16 of the scale
         assert_close_to_scale(form64.reference(q64, k64, v64), expected, rel=1e-12, msg=f"{name}: reference")
         training = form.attend(q, k, v)
-        assert training.grad_fn is not None and "BiasedAttention" in type(training.grad_fn).__name__, name
+        assert training.grad_fn is not None and isinstance(
+            getattr(training.grad_fn, "kernel", None), Biased
+        ), name
         with torch.no_grad():
             evaluation = form.attend(q, k, v)
         # float32 softmax over 9 keys of 8-channel dot products: a few EPS32 of the output's scale;
@@ -113,8 +116,8 @@ def test_biased_attention_in_bf16_is_close_to_fp32() -> None:
     q, k, v, bias = random_inputs(2, 1, 40, torch.float32)
     mask = bias + causal_mask(40, bias.device)
     expected = explicit_attention(*float64(q, k, v, mask))  # the reference in float64
-    fp32 = BiasedAttention.apply(q, k, v, mask)
-    bf16 = BiasedAttention.apply(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
+    fp32 = biased_attention(q, k, v, mask)
+    bf16 = biased_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
     assert_close_to_scale(fp32, expected, rel=1e-5, msg="fp32")  # as in the test above: 84 EPS32
     # bf16 rounds q, k, v and the output to 8 bits (EPS_BF16 = 2^-7), and the scores carry the rounding of
     # q.k: observed ~3e-3 of the output's scale; 4 EPS_BF16 = 3.1e-2 (the old elementwise 0.05 was looser)
@@ -135,7 +138,7 @@ def random_factors(batch: int, length: int, rank: int) -> BiasFactors:
 def test_bias_factors_equal_the_dense_bias_forward_and_backward(
     shared_mask: bool, length: int, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Attention with bias factors (`LowRank`) on the CPU (BiasedAttention's dU = dS E) and on the
+    """Attention with bias factors (`LowRank`) on the CPU (the Biased kernel's dU = dS E) and on the
     accelerators' path (`accelerated`: the factors as extra channels of q and k, through SDPA's autograd;
     beside a shared bias the SDPA path where FlexAttention does not run) gives the explicit softmax with the
     dense bias U E^T added, and the same gradients for q, k, v, the shared bias and U."""
@@ -152,7 +155,7 @@ def test_bias_factors_equal_the_dense_bias_forward_and_backward(
             form = LowRank(shared, BiasFactors(inputs[4], key), torch.float32)
             out = form.attend(*inputs[:3]) if path == "cpu" else form.accelerated(*inputs[:3], 0.0)
             assert out.grad_fn is not None
-            assert ("BiasedAttention" in type(out.grad_fn).__name__) == (path == "cpu")
+            assert (isinstance(getattr(out.grad_fn, "kernel", None), Biased)) == (path == "cpu")
         else:
             causal = causal_mask(length, q.device).double()
             mask = inputs[3] + causal if shared_mask else causal
@@ -166,7 +169,7 @@ def test_bias_factors_equal_the_dense_bias_forward_and_backward(
 
 
 def test_bias_factors_in_every_path_give_the_same_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the factors: the learned-bias path (BiasedAttention with dU), the constant-mask path (the whole
+    """With the factors: the learned-bias path (the Biased kernel with dU), the constant-mask path (the whole
     mask, beside a shared bias or the causal mask alone), the evaluation path (SDPA with the whole mask),
     the accelerators' factor channels (SDPA) and the explicit softmax (`reference`) agree."""
     monkeypatch.setattr(lowrank, "flex_runs_on", lambda device: False)  # SDPA, not FlexAttention
@@ -174,7 +177,7 @@ def test_bias_factors_in_every_path_give_the_same_output(monkeypatch: pytest.Mon
     factors = BiasFactors(random_factors(2, 20, 3).query.detach(), random_factors(2, 20, 3).key)
     zero = torch.zeros(1, 3, 20, 20)
     learned = LowRank(Additive(0 * bias, torch.float32), factors, torch.float32).attend(q, k, v)
-    assert learned.grad_fn is not None and "BiasedAttention" in type(learned.grad_fn).__name__
+    assert learned.grad_fn is not None and isinstance(getattr(learned.grad_fn, "kernel", None), Biased)
     constant = LowRank(Additive(zero, torch.float32), factors, torch.float32).attend(q, k, v)
     causal = LowRank(None, factors, torch.float32).attend(q, k, v)
     with torch.no_grad():

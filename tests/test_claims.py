@@ -141,7 +141,9 @@ def block_of(path: Path) -> str:
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
 
 
-@pytest.mark.parametrize("readme", [ROOT / "results" / "README.md", STUDY / "README.md"], ids=["results", "study"])
+@pytest.mark.parametrize(
+    "readme", [ROOT / "results" / "README.md", STUDY / "README.md"], ids=["results", "study"]
+)
 def test_the_readings_claims_block_is_what_the_verdicts_give(readme: Path) -> None:
     assert block_of(readme) == "\n".join(claims_section(committed_verdicts()))
 
@@ -187,7 +189,11 @@ def prose_paragraphs(readme: Path) -> list[str]:
     ]
 
 
-READINGS = [ROOT / "README.md", ROOT / "results" / "README.md", STUDY / "README.md"]  # the prose a reader reads
+READINGS = [
+    ROOT / "README.md",
+    ROOT / "results" / "README.md",
+    STUDY / "README.md",
+]  # the prose a reader reads
 
 
 @pytest.mark.parametrize("readme", READINGS, ids=["README", "results", "study"])

@@ -66,7 +66,7 @@ def output_and_gradients(path: str, length: int, npos: int, scale_positions: boo
     q, k, v, table = leaves(length, npos)
     form = Counted(table, 1 / math.sqrt(DIM) if scale_positions else 1.0)
     if path == "kernel":
-        out = form.attend(q, k, v)  # the chunked forward and its own backward (`CountedAttention`)
+        out = form.attend(q, k, v)  # the chunked forward and the core's backward (`Counting`)
     elif path == "form reference":
         out = form.reference(q, k, v)  # the form's all pairs, through autograd
     else:

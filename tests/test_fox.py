@@ -22,7 +22,7 @@ from conftest import text_like, tiny_model
 from posab.cache import LayerCache
 from posab.encodings import Dims, Positions, build_encoding
 from posab.encodings.fox import FoX, GateSums, mean_by_distance
-from posab.encodings.fox_kernel import Forgetting, ForgettingAttention, decay_rows
+from posab.encodings.fox_kernel import Forgetting, decay_rows, forgetting_attention
 from posab.errors import ConfigError
 from posab.forms import QUERY_CHUNK, Causal, Form, causal_mask
 from tolerances import EPS32, EPS_BF16, assert_close_to_scale, scale_of
@@ -137,7 +137,7 @@ def check(path: Path, queries: int | None = None) -> None:
 
 
 def test_the_cpu_training_path_equals_the_all_pairs_reference() -> None:
-    """The chunked flash kernel with its own backward (`ForgettingAttention`), as training runs it."""
+    """The chunked flash kernel on the chunked core's backward (`Forgetful`), as training runs it."""
 
     def training(form: Form, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         assert isinstance(form, Forgetting) and form.cum.requires_grad
@@ -147,10 +147,10 @@ def test_the_cpu_training_path_equals_the_all_pairs_reference() -> None:
 
 
 def test_the_kernel_takes_a_block_of_queries_over_a_longer_prefix() -> None:
-    """`ForgettingAttention` on the last 40 queries of the 73 keys (the forward's chunks and the backward's
-    offset by 33 keys), gradients included."""
+    """`Forgetful` on the last 40 queries of the 73 keys (the forward's chunks and the backward's offset by
+    33 keys), gradients included."""
     check(
-        lambda form, q, k, v: ForgettingAttention.apply(q, k, v, form.cum, form.window, form.scratch),
+        lambda form, q, k, v: forgetting_attention(q, k, v, form.cum, form.window, form.scratch),
         queries=40,
     )
 
@@ -256,7 +256,7 @@ class AllPairs(Form):
 
 
 def test_the_model_with_fox_equals_the_all_pairs_reference_forward_and_backward() -> None:
-    """The model as it trains (each layer's gates from its normalised input, `ForgettingAttention`), in
+    """The model as it trains (each layer's gates from its normalised input, `Forgetful`), in
     float32, against the same weights in float64 with each layer's attention the all-pairs reference on
     that layer's own gates: equal logits and equal gradients of every parameter (four layers; observed
     <= 3e-6 of each tensor's scale, the gate biases' <= 7e-6 (they cancel, as db in `check`); 1e-5 = 84

@@ -259,7 +259,9 @@ def test_the_committed_task_verdicts_recompute_from_the_claims_file_and_the_runs
         assert recomputed[column].to_numpy() == pytest.approx(committed[column].to_numpy(), rel=1e-9)
 
 
-@pytest.mark.parametrize("reading", [ROOT / "results" / "README.md", SUITE / "README.md"], ids=["results", "tasks"])
+@pytest.mark.parametrize(
+    "reading", [ROOT / "results" / "README.md", SUITE / "README.md"], ids=["results", "tasks"]
+)
 def test_each_reading_s_task_claims_block_is_what_the_committed_verdicts_give(reading: Path) -> None:
     text = reading.read_text(encoding="utf-8")
     block = text.split(TASK_BEGIN, 1)[1].split(TASK_END, 1)[0].strip("\n")

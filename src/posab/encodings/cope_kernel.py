@@ -5,16 +5,18 @@
 with p clamped to npos - 1, the position logits q_i . e[t] of the integer positions t = 0 .. npos - 1
 interpolated linearly between floor(p) and ceil(p), and s = 1 / sqrt(D) (the reference's default) or 1
 (its `--cope-nodiv`). A row's counts need its gates over every key it sees (a reverse cumulative sum), so a
-chunk of query rows with all its keys is the unit: `CountedAttention` runs the forward over query chunks
-and recomputes each chunk in its backward pass from the saved log-sum-exp. Training and evaluation hold
-O(B H c n) per chunk of c queries over n keys, never (B, H, L, L); nothing else is saved but q, k, v, the
-table, the output and the log-sum-exp. In a cached decoding step the queries are the last c of the n keys
-(`posab.forms.base`): a new row's counts need only its own gates, so decoding keeps no state of its own.
+chunk of query rows with all its keys is the unit: `Counting`, on the chunked core (`forms.chunked`), runs
+the forward over query chunks and recomputes each chunk in the backward pass from the saved log-sum-exp.
+Training and evaluation hold O(B H c n) per chunk of c queries over n keys, never (B, H, L, L); nothing
+else is saved but q, k, v, the table, the output and the log-sum-exp. In a cached decoding step the queries
+are the last c of the n keys (`posab.forms.base`): a new row's counts need only its own gates, so decoding
+keeps no state of its own.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,7 @@ from torch import Tensor
 
 from posab.forms import Form, compute_dtype, without_autocast
 from posab.forms.base import key_offset
+from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads, explicit_forward
 
 COUNT_CHUNK = 32  # queries per chunk: the fastest training step (L=512, B=16, bf16 autocast, CPU time on 1
 # thread, the default model): 16: 2.68x NoPE, 32: 2.59x, 64: 2.96x, 128: 3.81x
@@ -81,21 +84,6 @@ def counted_chunk(q: Tensor, k: Tensor, table: Tensor, scale: float, start: int,
     return CountedChunk(gates, low, weight, spread, scores, reach)
 
 
-def counted_forward(q: Tensor, k: Tensor, v: Tensor, table: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    """softmax(S) V by query chunks, from q, k, v in the scores' dtype -> the output (B, H, c, D) and every
-    row's log-sum-exp (B, H, c) (queries: the last c of the n keys)."""
-    length, offset = q.shape[-2], key_offset(q, k)
-    out = torch.empty(q.shape, dtype=v.dtype, device=v.device)
-    lse = torch.empty(q.shape[:3], dtype=q.dtype, device=q.device)
-    for start in range(0, length, COUNT_CHUNK):
-        end = min(length, start + COUNT_CHUNK)
-        scores = counted_chunk(q, k, table, scale, start, end).scores  # (B, H, c, stop)
-        lse[:, :, start:end] = torch.logsumexp(scores, dim=-1)
-        probs = scores.sub_(lse[:, :, start:end, None]).exp_()  # (B, H, c, stop)
-        out[:, :, start:end] = torch.matmul(probs, v[:, :, : offset + end])
-    return out, lse
-
-
 def in_scores_dtype(*tensors: Tensor) -> list[Tensor]:
     """q, k, v as the kernel reads them: in the scores' dtype (float32 from bf16), contiguous (the model's
     are views of one projection: a matmul over their prefixes would copy them in every chunk)."""
@@ -111,57 +99,71 @@ def counted_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, scale: flo
         raise ValueError(f"model.dropout={dropout}: attention with contextual positions (CoPE) has none")
     with without_autocast(q.device):
         inputs = in_scores_dtype(q, k, v)
+        kernel = Counting(table, scale)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, table)):
-            out = CountedAttention.apply(*inputs, table, scale)
+            out = ChunkedAttention.apply(kernel, *inputs, table)
         else:
-            out = counted_forward(*inputs, table.to(inputs[0].dtype), scale)[0]
+            out = kernel.forward(*inputs)[0]
     return out.to(v.dtype)
 
 
-class CountedAttention(torch.autograd.Function):
-    """`counted_forward` with its own backward over the same query chunks. With P = softmax(S), dS = P *
-    (dP - rowsum(dO * O)); through S = A + l + w (u - l) (l = z[floor p], u = z[floor p + 1], w = p - floor
-    p, z[t] = s q . e[t]): dz scattered from dS (1 - w) at floor(p) and dS w at floor(p) + 1, dp = dS (u - l)
-    (0 at a clamped count: u - l = 0 at npos - 1, the clamp's gradient; and, as the reference's ceil(p) =
-    floor(p) makes it, at an integer count), dg_it = sum_{j <= t} dp_ij (the adjoint of the reverse
-    cumulative sum), dA = dS + dg g (1 - g); then dq, dk from dA / sqrt(D), dq, de from dz s."""
+class Counting(Kernel):
+    """CoPE's attention on the chunked core (`forms.chunked`): softmax(S) V by chunks of COUNT_CHUNK query
+    rows (`explicit_forward` over `counted_chunk`), and the shared backward with, through S = A + l +
+    w (u - l) (l = z[floor p], u = z[floor p + 1], w = p - floor p, z[t] = s q . e[t]): dz scattered from
+    dS (1 - w) at floor(p) and dS w at floor(p) + 1, dp = dS (u - l) (0 at a clamped count: u - l = 0 at
+    npos - 1, the clamp's gradient; and, as the reference's ceil(p) = floor(p) makes it, at an integer
+    count), dg_it = sum_{j <= t} dp_ij (the adjoint of the reverse cumulative sum), dA = dS + dg g (1 - g)
+    (the logits' gradient, into dq, dk), and dq += dz s e, de += dz s q. q, k, v arrive in the scores'
+    dtype (`counted_attention`); its input: the table e (npos, D)."""
 
-    @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, table: Tensor, scale: float) -> Tensor:
-        out, lse = counted_forward(q, k, v, table.to(q.dtype), scale)
-        ctx.scale = scale
-        ctx.save_for_backward(q, k, v, table, out, lse)
-        return out
+    chunk = COUNT_CHUNK
 
-    @staticmethod
-    def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, table, out, lse = ctx.saved_tensors
-        offset, table_q = key_offset(q, k), table.to(q.dtype)
-        d_out = d_out.to(q.dtype)
-        delta = (d_out * out).sum(-1, keepdim=True)  # (B, H, c, 1)
-        grads = CountedGrads(*(torch.zeros_like(t) for t in (q, k, v, table_q)))
-        for start in range(0, q.shape[-2], COUNT_CHUNK):
-            end = min(q.shape[-2], start + COUNT_CHUNK)
-            stop, q_c, d_out_c = offset + end, q[:, :, start:end], d_out[:, :, start:end]
-            chunk = counted_chunk(q, k, table_q, ctx.scale, start, end)
-            probs = chunk.scores.sub_(lse[:, :, start:end, None]).exp_()  # P: (B, H, c, stop)
-            grads.v[:, :, :stop] += torch.matmul(probs.transpose(-1, -2), d_out_c)
-            d_scores = torch.matmul(d_out_c, v[:, :, :stop].transpose(-1, -2))  # dP: (B, H, c, stop)
-            d_scores = d_scores.sub_(delta[:, :, start:end]).mul_(probs)  # dS
-            d_table_logits, d_attn = position_grads(chunk, d_scores)  # (B, H, c, reach), (B, H, c, stop)
-            d_attn = d_attn.mul_(1.0 / math.sqrt(q.shape[-1]))  # dA / sqrt(D): into q . k
-            d_table_logits = d_table_logits.mul_(ctx.scale)  # into q . e[t]
-            grads.q[:, :, start:end] = torch.matmul(d_attn, k[:, :, :stop])
-            grads.q[:, :, start:end] += torch.matmul(d_table_logits, table_q[: chunk.reach])
-            grads.k[:, :, :stop] += torch.matmul(d_attn.transpose(-1, -2), q_c)
-            # de[t] = sum over batch, heads and rows of d(q . e[t]) q: (B*H*c, T)^T (B*H*c, D) -> (T, D)
-            grads.table[: chunk.reach] += d_table_logits.flatten(0, 2).t() @ q_c.flatten(0, 2)
-        return grads.q, grads.k, grads.v, grads.table.to(table.dtype), None
+    def __init__(self, table: Tensor, scale: float) -> None:
+        self.table, self.scale = table, scale
+        self.table_q: Tensor | None = None  # e in q's dtype
+        self.d_table: Tensor | None = None
+
+    def operand_dtype(self, q: Tensor) -> torch.dtype:
+        return compute_dtype(q)
+
+    def inputs(self) -> tuple[Tensor | None, ...]:
+        return (self.table,)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.table_q = self.table.to(q.dtype)
+        return explicit_forward(self, q, k, v)
+
+    def scores(self, q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
+        return counted_chunk(q, k, self.table_q, self.scale, start, end).scores
+
+    def begin_backward(self, q: Tensor, k: Tensor, needed: Sequence[bool]) -> None:
+        self.table_q = self.table.to(q.dtype)
+        self.d_table = torch.zeros_like(self.table_q)
+
+    def probabilities(self, q: Tensor, k: Tensor, lse: Tensor, start: int, end: int) -> tuple[Tensor, Any]:
+        chunk = counted_chunk(q, k, self.table_q, self.scale, start, end)
+        return chunk.scores.sub_(lse[..., None]).exp_(), chunk  # P: (B, H, c, stop)
+
+    def score_backward(
+        self, chunk: Any, d_scores: Tensor, q: Tensor, k: Tensor, start: int, end: int
+    ) -> LogitGrads:
+        d_table_logits, d_attn = position_grads(chunk, d_scores)  # (B, H, c, reach), (B, H, c, stop)
+        d_attn = d_attn.mul_(1.0 / math.sqrt(q.shape[-1]))  # dA / sqrt(D): into q . k
+        d_table_logits = d_table_logits.mul_(self.scale)  # into q . e[t]
+        # de[t] = sum over batch, heads and rows of d(q . e[t]) q: (B*H*c, T)^T (B*H*c, D) -> (T, D)
+        self.d_table[: chunk.reach] += d_table_logits.flatten(0, 2).t() @ q[:, :, start:end].flatten(0, 2)
+        return LogitGrads(
+            d_attn, scaled=True, query=torch.matmul(d_table_logits, self.table_q[: chunk.reach])
+        )
+
+    def input_grads(self) -> tuple[Tensor | None, ...]:
+        return (self.d_table.to(self.table.dtype),)
 
 
 def position_grads(chunk: CountedChunk, d_scores: Tensor) -> tuple[Tensor, Tensor]:
     """From dS (B, H, c, n): the gradient of the position logits z (B, H, c, reach) and of the logits A
-    (B, H, c, n), the gates' path included (`CountedAttention`)."""
+    (B, H, c, n), the gates' path included (`Counting`)."""
     to_upper = d_scores * chunk.weight  # dS w, to z[floor p + 1]
     d_table_logits = d_scores.new_zeros(*d_scores.shape[:3], chunk.reach + 1)  # (B, H, c, reach + 1)
     d_table_logits[..., :-1].scatter_add_(-1, chunk.low, d_scores - to_upper)
@@ -171,16 +173,6 @@ def position_grads(chunk: CountedChunk, d_scores: Tensor) -> tuple[Tensor, Tenso
     gates = chunk.gates
     slope = torch.addcmul(gates, gates, gates, value=-1.0)  # g (1 - g): 0 at future keys, where g = 0
     return d_table_logits[..., :-1], d_gates.mul_(slope).add_(d_scores)
-
-
-@dataclass
-class CountedGrads:
-    """The gradients `CountedAttention.backward` accumulates, in the scores' dtype."""
-
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    table: Tensor
 
 
 @dataclass

@@ -1,13 +1,15 @@
 """DAPE's attention kernel (the form "a function of the logits and the bias"): S = A + B + f([A; B]) with an
-MLP f across heads at every pair (`posab.encodings.dape`). `MixedAttention` runs f over query chunks and
-the keys they see, forward and backward, recomputing f's hidden layer in the backward pass from the saved
-log-sum-exp; no (B, width, L, L) tensor lives longer than one chunk, in training or in a 4,096-token
-evaluation. In a cached decoding step the queries are the last c of the n keys (`posab.forms.base`).
+MLP f across heads at every pair (`posab.encodings.dape`). `Mixing`, on the chunked core (`forms.chunked`),
+runs f over query chunks and the keys they see, forward and backward, recomputing f's hidden layer in the
+backward pass from the saved log-sum-exp; no (B, width, L, L) tensor lives longer than one chunk, in
+training or in a 4,096-token evaluation. In a cached decoding step the queries are the last c of the n keys
+(`posab.forms.base`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,6 +19,7 @@ from torch import Tensor, nn
 
 from posab.forms import Additive, Form, compute_dtype, without_autocast
 from posab.forms.base import key_offset
+from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads, explicit_forward
 
 
 class PairMLP(Protocol):
@@ -93,23 +96,6 @@ def mixed_scores(q: Tensor, k: Tensor, mask: Tensor | None, mixer: PairMLP, star
     return mixed_chunk(q, k, mask, mixer, start, end).scores
 
 
-def mixed_forward(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP
-) -> tuple[Tensor, Tensor]:
-    """softmax(A + B + f([A; B]) + causal) V by query chunks -> the output (B, H, c, D) in v's dtype and the
-    log-sum-exp of every row (B, H, c) in the scores' dtype (queries: the last c of the n keys)."""
-    length, dtype, offset = q.shape[-2], compute_dtype(q), key_offset(q, k)
-    out = torch.empty(q.shape, dtype=v.dtype, device=v.device)
-    lse = torch.empty(q.shape[:3], dtype=dtype, device=q.device)
-    for start in range(0, length, MIX_CHUNK):
-        end = min(length, start + MIX_CHUNK)
-        scores = mixed_scores(q, k, mask, mixer, start, end)  # (B, H, c, end)
-        lse[:, :, start:end] = torch.logsumexp(scores, dim=-1)
-        probs = scores.sub_(lse[:, :, start:end, None]).exp_()  # (B, H, c, end)
-        out[:, :, start:end] = torch.matmul(probs.to(v.dtype), v[:, :, : offset + end])
-    return out, lse
-
-
 def mixed_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP, dropout: float = 0.0
 ) -> Tensor:
@@ -117,71 +103,71 @@ def mixed_attention(
     have no fused kernel to drop from, and the reference runs none."""
     if dropout:
         raise ValueError(f"model.dropout={dropout}: attention with a score mixer (DAPE) runs without dropout")
-    weights = (mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, mask, *weights)):
-        return MixedAttention.apply(q, k, v, mask, *weights, mixer)
-    return mixed_forward(q, k, v, mask, mixer)[0]
+    kernel = Mixing(mask, mixer)
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, *kernel.inputs())
+    ):
+        return ChunkedAttention.apply(kernel, q, k, v, *kernel.inputs())
+    return kernel.forward(q, k, v)[0]
 
 
-class MixedAttention(torch.autograd.Function):
-    """`mixed_forward` with its own backward over the same query chunks: with P = softmax(S), dS = P * (dP
-    - rowsum(dO * O)) as in `BiasedAttention`, then through S = A + B + W2 g(W1 [A; B] + b1) + b2:
-    dW2 = dS g^T, dH = (W2^T dS) * g'(H), dW1 = dH [A; B]^T, dA = dS + W1_A^T dH (into dq, dk),
-    dB = dS + W1_B^T dH (into the mask, summed over the batch when it is shared)."""
+class Mixing(Kernel):
+    """DAPE's attention on the chunked core (`forms.chunked`): softmax(A + B + f([A; B]) + causal) V by
+    chunks of MIX_CHUNK query rows (`explicit_forward` over `mixed_scores`), and the shared backward with,
+    through S = A + B + W2 g(W1 [A; B] + b1) + b2: dW2 = dS g^T, dH = (W2^T dS) * g'(H), dW1 = dH [A; B]^T,
+    dA = dS + W1_A^T dH (the logits' gradient, into dq, dk), dB = dS + W1_B^T dH (into the mask, summed over
+    the batch when it is shared). Its inputs: the mask and f's four tensors. Everything in the scores'
+    dtype, the matmuls too."""
 
-    @staticmethod
-    def forward(
-        ctx: Any,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        w1: Tensor,
-        b1: Tensor,
-        w2: Tensor,
-        b2: Tensor,
-        mixer: PairMLP,
-    ) -> Tensor:
-        out, lse = mixed_forward(q, k, v, mask, mixer)
-        ctx.mixer = mixer
-        ctx.save_for_backward(q, k, v, mask, out, lse)
-        return out
+    chunk = MIX_CHUNK
 
-    @staticmethod
-    def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, mask, out, lse = ctx.saved_tensors
-        mixer, dtype, (batch, heads) = ctx.mixer, compute_dtype(q), q.shape[:2]
-        d_out = d_out.to(dtype)
-        delta = (d_out * out.to(dtype)).sum(-1, keepdim=True)  # (B, H, T, 1)
-        grads = MixedGrads.zeros(q, k, v, mask if ctx.needs_input_grad[3] else None, mixer, dtype)
-        w1, w2 = mixer.first.weight.to(dtype), mixer.second.weight.to(dtype)
-        scale = 1.0 / math.sqrt(q.shape[-1])  # the logits' scale
-        for start in range(0, q.shape[-2], MIX_CHUNK):
-            end = min(q.shape[-2], start + MIX_CHUNK)
-            chunk = mixed_chunk(q, k, mask, mixer, start, end)
-            probs = chunk.scores.sub_(lse[:, :, start:end, None]).exp_()  # P: (B, H, c, end)
-            d_out_c, v_c = d_out[:, :, start:end], v[:, :, :end].to(dtype)
-            grads.v[:, :, :end] += torch.matmul(probs.transpose(-1, -2), d_out_c)
-            d_scores = torch.matmul(d_out_c, v_c.transpose(-1, -2))  # dP: (B, H, c, end)
-            d_scores = d_scores.sub_(delta[:, :, start:end]).mul_(probs)  # dS: (B, H, c, end)
-            d_scores = d_scores.view(batch, heads, -1)  # (B, H, c, end) -> (B, H, c*end)
-            d_logits, d_bias = grads.add_mlp(chunk, d_scores, w1, w2, mixer.slope)
-            d_logits = d_logits.mul_(scale).view_as(probs)  # dA / sqrt(D): (B, H, c*end) -> (B, H, c, end)
-            grads.q[:, :, start:end] = torch.matmul(d_logits, k[:, :, :end].to(dtype))
-            grads.k[:, :, :end] += torch.matmul(d_logits.transpose(-1, -2), q[:, :, start:end].to(dtype))
-            if grads.mask is not None:
-                d_bias = d_bias.view(-1, heads, end - start, end)  # (1|B, H, c*end) -> (1|B, H, c, end)
-                grads.mask[..., start:end, :end] = d_bias.masked_fill_(chunk.future, 0)
-        return grads.cast(q, k, v, mask, mixer)
+    def __init__(self, mask: Tensor | None, mixer: PairMLP) -> None:
+        self.mask, self.mixer = mask, mixer
+        self.grads: MixedGrads | None = None
+        self.weights: tuple[Tensor, Tensor] | None = None  # W1, W2 in the scores' dtype
+
+    def operand_dtype(self, q: Tensor) -> torch.dtype:
+        return compute_dtype(q)
+
+    def inputs(self) -> tuple[Tensor | None, ...]:
+        mixer = self.mixer
+        return self.mask, mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return explicit_forward(self, q, k, v)
+
+    def scores(self, q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
+        return mixed_scores(q, k, self.mask, self.mixer, start, end)
+
+    def begin_backward(self, q: Tensor, k: Tensor, needed: Sequence[bool]) -> None:
+        dtype = compute_dtype(q)
+        self.grads = MixedGrads.zeros(self.mask if needed[0] else None, self.mixer, dtype, q.device)
+        self.weights = self.mixer.first.weight.to(dtype), self.mixer.second.weight.to(dtype)
+
+    def probabilities(self, q: Tensor, k: Tensor, lse: Tensor, start: int, end: int) -> tuple[Tensor, Any]:
+        chunk = mixed_chunk(q, k, self.mask, self.mixer, start, end)
+        return chunk.scores.sub_(lse[..., None]).exp_(), chunk  # P: (B, H, c, stop)
+
+    def score_backward(
+        self, chunk: Any, d_scores: Tensor, q: Tensor, k: Tensor, start: int, end: int
+    ) -> LogitGrads:
+        (batch, heads, rows, stop), (w1, w2) = d_scores.shape, self.weights
+        flat = d_scores.view(batch, heads, -1)  # (B, H, c, stop) -> (B, H, c*stop)
+        d_logits, d_bias = self.grads.add_mlp(chunk, flat, w1, w2, self.mixer.slope)
+        d_logits = d_logits.mul_(1.0 / math.sqrt(q.shape[-1])).view_as(d_scores)  # dA / sqrt(D)
+        if self.grads.mask is not None:
+            d_bias = d_bias.view(-1, heads, rows, stop)  # (1|B, H, c*stop) -> (1|B, H, c, stop)
+            self.grads.mask[..., start:end, :stop] = d_bias.masked_fill_(chunk.future, 0)
+        return LogitGrads(d_logits, scaled=True)
+
+    def input_grads(self) -> tuple[Tensor | None, ...]:
+        return self.grads.cast(self.mask, self.mixer)
 
 
 @dataclass
 class MixedGrads:
-    """The gradients `MixedAttention.backward` accumulates, in the scores' dtype."""
+    """The gradients of DAPE's own inputs `Mixing` accumulates, in the scores' dtype."""
 
-    q: Tensor
-    k: Tensor
-    v: Tensor
     mask: Tensor | None
     w1: Tensor
     b1: Tensor
@@ -189,14 +175,12 @@ class MixedGrads:
     b2: Tensor
 
     @staticmethod
-    def zeros(
-        q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP, dtype: torch.dtype
-    ) -> MixedGrads:
+    def zeros(mask: Tensor | None, mixer: PairMLP, dtype: torch.dtype, device: torch.device) -> MixedGrads:
         def zero(t: Tensor) -> Tensor:
-            return torch.zeros(t.shape, dtype=dtype, device=q.device)
+            return torch.zeros(t.shape, dtype=dtype, device=device)
 
         layers = (mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias)
-        return MixedGrads(zero(q), zero(k), zero(v), None if mask is None else zero(mask), *map(zero, layers))
+        return MixedGrads(None if mask is None else zero(mask), *map(zero, layers))
 
     def add_mlp(
         self, chunk: MixedChunk, d_scores: Tensor, w1: Tensor, w2: Tensor, slope: float
@@ -219,12 +203,12 @@ class MixedGrads:
         d_bias = torch.baddbmm(d_scores, batched(w1[:, heads:].t(), d_hidden.shape[0]), d_hidden)
         return d_logits, d_bias
 
-    def cast(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, mixer: PairMLP) -> tuple:
-        """The gradients in their inputs' dtypes, in `MixedAttention.forward`'s argument order."""
+    def cast(self, mask: Tensor | None, mixer: PairMLP) -> tuple[Tensor | None, ...]:
+        """The gradients in their inputs' dtypes, in `Mixing.inputs`'s order."""
         layers = (mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias)
         mixed = [g.to(t.dtype) for g, t in zip((self.w1, self.b1, self.w2, self.b2), layers, strict=True)]
         d_mask = None if self.mask is None or mask is None else self.mask.to(mask.dtype)
-        return (self.q.to(q.dtype), self.k.to(k.dtype), self.v.to(v.dtype), d_mask, *mixed, None)
+        return (d_mask, *mixed)
 
 
 @dataclass(eq=False)
@@ -250,7 +234,7 @@ class Mixed(Form):
         return mixed_attention(q, k, v, self.mask, self.mixer, dropout)
 
     def block(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return mixed_forward(q, k, v, self.mask, self.mixer)[0]
+        return Mixing(self.mask, self.mixer).forward(q, k, v)[0]
 
     def scores(self, q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
         return mixed_scores(q, k, self.mask, self.mixer, start, end)

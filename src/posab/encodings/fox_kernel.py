@@ -4,12 +4,12 @@ D_ij = c_i - c_j, c the cumulative log forget gates of one sample and head (B, H
 D is per sample, so no mask is shared by the batch; it is rank 2 (c_i * 1 + 1 * (-c_j)), but c grows
 linearly with position (c ~ -0.7 i at FoX's initialisation), so neither factor may be rounded alone:
 every path forms c_i - c_j from c's float32 sums (float64 for float64 inputs) and never rounds c itself.
-- On the CPU, `ForgettingAttention` runs the fused flash kernel over chunks of FORWARD_CHUNK query rows,
-  each with its float32 rows of D (the kernel reads a float32 mask beside bf16 q, k, v) over the keys the
-  chunk sees; the first chunk of a window is square and takes the kernel's own causal mask, which skips
-  the future keys. Its backward recomputes P per QUERY_CHUNK rows from the saved log-sum-exp as
-  `BiasedAttention` does, with dc_j = -sum_i dS_ij (the column sums of dS; the row sums vanish: sum_j dS_ij
-  = sum_j P_ij dP_ij - rowsum(dO * O) = 0). No (B, H, L, L) gradient is formed; the forward's rows of D
+- On the CPU, `Forgetful` (on the chunked core, `forms.chunked`) runs the fused flash kernel over chunks
+  of FORWARD_CHUNK query rows, each with its float32 rows of D (the kernel reads a float32 mask beside bf16
+  q, k, v) over the keys the chunk sees; the first chunk of a window is square and takes the kernel's own
+  causal mask, which skips the future keys. The core's backward recomputes P per QUERY_CHUNK rows from the
+  saved log-sum-exp, and dc_j = -sum_i dS_ij (the column sums of dS; the row sums vanish: sum_j dS_ij =
+  sum_j P_ij dP_ij - rowsum(dO * O) = 0). No (B, H, L, L) gradient is formed; the forward's rows of D
   live in one buffer per forward pass (`Scratch`), the backward's one chunk at a time.
 - Elsewhere, FlexAttention reads c_i - c_j from c inside the kernel (float32; its backward carries the
   gradient into the captured c); SDPA with the whole mask where FlexAttention does not run (other devices,
@@ -19,6 +19,7 @@ every path forms c_i - c_j from c's float32 sums (float64 for float64 inputs) an
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from torch import Tensor
 from posab.forms import QUERY_CHUNK, Causal, Form, block_causal, compute_dtype
 from posab.forms.accelerated import ScoreMod, flex, flex_runs_on, sdpa
 from posab.forms.base import key_offset, logits
+from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads
 
 FORWARD_CHUNK = 512  # query rows per flash call of the forward pass: the whole window at the training length
 # exp's vectorised CPU kernel takes a slow path below ~-87 (denormal or zero results): 20x slower there,
@@ -126,51 +128,57 @@ def forgetting_forward(
     return out, lse
 
 
-class ForgettingAttention(torch.autograd.Function):
-    """`forgetting_forward` with its own backward over query chunks (module docstring): with P = softmax(S),
-    dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d), dV = P^T dO and
-    dc_j = -sum_i dS_ij."""
+class Forgetful(Kernel):
+    """FoX's attention on the chunked core (`forms.chunked`): `forgetting_forward`, then the shared backward
+    with P recomputed per QUERY_CHUNK rows (module docstring), the logits' gradient dS itself and
+    dc_j = -sum_i dS_ij. Its input: c (B, H, n)."""
 
-    @staticmethod
-    def forward(
-        ctx: Any, q: Tensor, k: Tensor, v: Tensor, cum: Tensor, window: int | None, scratch: Scratch
-    ) -> Tensor:
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out, lse = forgetting_forward(q, k, v, cum, window, scratch)
-        ctx.window = window
-        ctx.save_for_backward(q, k, v, cum, out, lse)
-        return out
+    chunk = QUERY_CHUNK
 
-    @staticmethod
-    def backward(ctx: Any, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, cum, out, lse = ctx.saved_tensors
-        dtype, scale = compute_dtype(q), 1.0 / math.sqrt(q.shape[-1])
-        d_out = d_out.to(q.dtype).contiguous()
-        delta = (d_out.to(dtype) * out.to(dtype)).sum(-1, keepdim=True)  # (B, H, c, 1)
-        dq = torch.empty_like(q)
-        dk = torch.zeros(k.shape, dtype=dtype, device=k.device)
-        dv = torch.zeros(v.shape, dtype=dtype, device=v.device)
-        d_cum = torch.zeros(cum.shape, dtype=dtype, device=cum.device) if ctx.needs_input_grad[3] else None
-        queries, offset, rows_of = q.shape[-2], key_offset(q, k), cum.to(dtype)
-        buffer = rows_buffer(rows_of, min(queries, QUERY_CHUNK), dtype)
-        for start in range(0, queries, QUERY_CHUNK):
-            end = min(queries, start + QUERY_CHUNK)
-            stop = offset + end  # query rows start:end see keys 0:stop
-            q_c, k_c, d_out_c = q[:, :, start:end], k[:, :, :stop], d_out[:, :, start:end]
-            probs = decay_rows(rows_of, queries, start, end, buffer)  # D: (B, H, c', stop)
-            probs.add_(torch.matmul(q_c, k_c.transpose(-1, -2)), alpha=scale)  # S, in the scores' dtype
-            probs.sub_(lse[:, :, start:end, None]).clamp_(min=EXP_FLOOR)  # floored before the causal mask,
-            masked(probs, ctx.window).exp_()  # so future keys keep P = 0: P as the forward had it
-            d_scores = torch.matmul(d_out_c, v[:, :, :stop].transpose(-1, -2)).to(dtype)  # dP
-            d_scores.sub_(delta[:, :, start:end]).mul_(probs)  # dS = P * (dP - D): (B, H, c', stop)
-            if d_cum is not None:  # dc_j = -sum_i dS_ij over the chunk's rows
-                d_cum[..., :stop] -= d_scores.sum(-2)
-            probs_c, d_scores_c = probs.to(q.dtype), d_scores.to(q.dtype)
-            dv[:, :, :stop] += torch.matmul(probs_c.transpose(-1, -2), d_out_c).to(dtype)
-            dq[:, :, start:end] = torch.matmul(d_scores_c, k_c) * scale
-            dk[:, :, :stop] += torch.matmul(d_scores_c.transpose(-1, -2), q_c).to(dtype) * scale
-        d_cum = None if d_cum is None else d_cum.to(cum.dtype)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), d_cum, None, None
+    def __init__(self, cum: Tensor, window: int | None, scratch: Scratch) -> None:
+        self.cum, self.window, self.scratch = cum, window, scratch
+        self.d_cum: Tensor | None = None
+        self.rows_of: Tensor | None = None
+        self.buffer: Tensor | None = None
+
+    def inputs(self) -> tuple[Tensor | None, ...]:
+        return (self.cum,)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return forgetting_forward(q, k, v, self.cum, self.window, self.scratch)
+
+    def begin_backward(self, q: Tensor, k: Tensor, needed: Sequence[bool]) -> None:
+        dtype = compute_dtype(q)
+        self.d_cum = torch.zeros(self.cum.shape, dtype=dtype, device=self.cum.device) if needed[0] else None
+        self.rows_of = self.cum.to(dtype)
+        self.buffer = rows_buffer(self.rows_of, min(q.shape[-2], QUERY_CHUNK), dtype)
+
+    def probabilities(self, q: Tensor, k: Tensor, lse: Tensor, start: int, end: int) -> tuple[Tensor, Any]:
+        """P = exp(D + q k^T / sqrt(d) - lse), floored at EXP_FLOOR before the causal mask, so that future
+        keys keep P = 0: P as the forward had it."""
+        stop, scale = key_offset(q, k) + end, 1.0 / math.sqrt(q.shape[-1])
+        probs = decay_rows(self.rows_of, q.shape[-2], start, end, self.buffer)  # D: (B, H, c', stop)
+        probs.add_(torch.matmul(q[:, :, start:end], k[:, :, :stop].transpose(-1, -2)), alpha=scale)  # S
+        probs.sub_(lse[..., None]).clamp_(min=EXP_FLOOR)
+        return masked(probs, self.window).exp_(), None
+
+    def score_backward(
+        self, chunk: Any, d_scores: Tensor, q: Tensor, k: Tensor, start: int, end: int
+    ) -> LogitGrads:
+        if self.d_cum is not None:  # dc_j = -sum_i dS_ij over the chunk's rows
+            self.d_cum[..., : key_offset(q, k) + end] -= d_scores.sum(-2)
+        return LogitGrads(d_scores)
+
+    def input_grads(self) -> tuple[Tensor | None, ...]:
+        return (None if self.d_cum is None else self.d_cum.to(self.cum.dtype),)
+
+
+def forgetting_attention(
+    q: Tensor, k: Tensor, v: Tensor, cum: Tensor, window: int | None, scratch: Scratch
+) -> Tensor:
+    """`Forgetful` on the chunked core: (B, H, c, D)."""
+    kernel = Forgetful(cum, window, scratch)
+    return ChunkedAttention.apply(kernel, q, k, v, *kernel.inputs())
 
 
 def decay_score_mod(cum: Tensor, offset: int) -> ScoreMod:
@@ -222,7 +230,7 @@ class Forgetting(Form):
         if backend == "flex" and not torch.is_grad_enabled():
             return self.accelerated(q, k, v, dropout)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, self.cum)):
-            return ForgettingAttention.apply(q, k, v, self.cum, self.window, self.scratch)
+            return forgetting_attention(q, k, v, self.cum, self.window, self.scratch)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         return forgetting_forward(q, k, v, self.cum, self.window, self.scratch)[0]
 

@@ -3,7 +3,7 @@ per-distance table b[h, i - j] (ALiBi, T5, KERPLE, the multi-scale bias: `Additi
 bias that depends on the query as well (FIRE's normaliser), from a dense (1, H, c, n) tensor.
 
 On the CPU the mask (b plus the causal mask, in the attention dtype) is built once per forward pass and
-shared by every layer; training takes `BiasedAttention` (its gradient reaches b), evaluation SDPA's fused
+shared by every layer; training takes `forms.kernels.Biased` (its gradient reaches b), evaluation SDPA's fused
 kernel with the mask. Elsewhere, FlexAttention reads b[h, q - k] from the table inside the kernel with a
 causal block mask (`forms.accelerated`); a dense bias, or attention dropout, takes SDPA with the mask.
 """
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from posab.forms.accelerated import flex, flex_runs_on, mask_score_mod, sdpa, table_score_mod
 from posab.forms.base import Form, block_causal, logits
-from posab.forms.kernels import BiasedAttention
+from posab.forms.kernels import biased_attention
 
 
 def block_toeplitz(table: Tensor, queries: int, keys: int) -> Tensor:
@@ -64,7 +64,7 @@ class Additive(Form):
         if dropout == 0.0 and backend == "flex" and not torch.is_grad_enabled():
             return self.accelerated(q, k, v, dropout)
         if dropout == 0.0 and torch.is_grad_enabled():
-            return BiasedAttention.apply(q, k, v, self.mask)  # faster than SDPA's flash backward
+            return biased_attention(q, k, v, self.mask)  # faster than SDPA's flash backward
         return sdpa(q, k, v, self.mask, dropout)
 
     def accelerated(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:

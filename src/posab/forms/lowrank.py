@@ -3,7 +3,7 @@ shared bias by distance (the hierarchical bias's sentence and paragraph levels b
 
 On the CPU the whole mask, the shared mask plus U E^T, is built once per forward pass in the attention
 dtype (`full_mask`; one matmul of R channels) and the flash kernel reads it; in training
-`BiasedAttention`'s backward recomputes P from it and carries dS into the factors directly, dU = dS E per
+`forms.kernels.Biased`'s backward recomputes P from it and carries dS into the factors directly, dU = dS E per
 query chunk: the (B, H, L, L) gradient of the per-sample part is never formed, nor any L x L index.
 Elsewhere the factors travel as R extra channels of q and k (q' = [q, sqrt(D) U], k' = [k, E], so
 q' k'^T / sqrt(D) = q k^T / sqrt(D) + U E^T) through SDPA's fused kernels: no L x L bias is formed.
@@ -22,7 +22,7 @@ from torch import Tensor
 from posab.forms.accelerated import flex, flex_runs_on, mask_score_mod, sdpa
 from posab.forms.additive import Additive
 from posab.forms.base import Form, block_causal, logits
-from posab.forms.kernels import BiasedAttention
+from posab.forms.kernels import biased_attention
 
 CHANNEL_MULTIPLE = 8  # the fused kernels' head dimensions come in multiples of 8
 
@@ -90,12 +90,12 @@ class LowRank(Form):
         learned = self.learned()
         if learned and dropout == 0.0:
             factors = self.factors
-            return BiasedAttention.apply(q, k, v, self.shared_mask, self.whole, factors.query, factors.key)
+            return biased_attention(q, k, v, self.shared_mask, self.whole, factors.query, factors.key)
         mask = full_mask(self.shared_mask, self.factors, q.dtype) if learned else self.whole
         if dropout == 0.0 and backend == "flex" and not torch.is_grad_enabled():
             return flex(q, k, v, mask_score_mod(mask))
         if dropout == 0.0 and torch.is_grad_enabled():
-            return BiasedAttention.apply(q, k, v, mask)
+            return biased_attention(q, k, v, mask)
         return sdpa(q, k, v, mask, dropout)
 
     def accelerated(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
