@@ -19,6 +19,7 @@ def write_run(folder: Path, name: str, val_loss: float, wall: float, ppl: float)
         "wall_time_s": wall,
         "tokens_per_s": 1000.0 / wall,
         "git_commit": f"commit-{wall}",
+        "train": {"train_time_s": wall - 1.0, "val_loss": val_loss},
         "eval": {"ppl/128": ppl, "time/perplexity_s": wall / 2},
     }
     (run / "results.json").write_text(json.dumps(results))

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 IGNORED_PREFIXES = ("time/", "machine", "git_", "started_at", "claims_files_start", "resumed_from_step")
-IGNORED_KEYS = {"wall_time_s", "tokens_per_s", "train/tokens_per_s", "data", "versions", "math_isa"}
+IGNORED_KEYS = {"data", "versions", "math_isa"}  # the token cache's folder, the packages, the ISA
+SECONDS = "_s"  # a key ending so is a duration or a rate per second (`wall_time_s`, `tokens_per_s`)
 
 
 def numbers(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -22,7 +23,11 @@ def numbers(value: Any, prefix: str = "") -> dict[str, Any]:
         found: dict[str, Any] = {}
         for key, item in value.items():
             name = f"{prefix}/{key}" if prefix else str(key)
-            if str(key) in IGNORED_KEYS or str(key).startswith(IGNORED_PREFIXES):
+            if (
+                str(key) in IGNORED_KEYS
+                or str(key).startswith(IGNORED_PREFIXES)
+                or str(key).endswith(SECONDS)
+            ):
                 continue
             found.update(numbers(item, name))
         return found
