@@ -18,9 +18,11 @@ from posab.catalog import task as task_columns
 from posab.data import prepare_data
 from posab.data.streams import Batch
 from posab.data.tasks import TaskStream, TaskTokenizer, TaskTracker, example_batch
+from posab.data.tasks.vocab import EOS
 from posab.decoding import generate, step_by_step_full
 from posab.errors import ConfigError
 from posab.evaluate import EvalContext, run_evaluator
+from posab.evaluate.task import RAN_LONG, RIGHT, STOPPED_EARLY, WRONG_TOKEN, error_class
 from posab.keys import format_key, parse_key
 from posab.model import DecoderLM
 from posab.run.summary import summary_text
@@ -121,10 +123,10 @@ def test_exact_match_reads_known_outputs() -> None:
     assert (
         scalars["task/exact_seen"] == scalars["task/exact_unseen"] == 1.0 and scalars["task/tf_disagree"] == 0
     )
-    assert output.tables["task_accuracy"].rows == [
-        [1, True, 3, 1.0, 1.0, 0],
-        [2, True, 3, 1.0, 1.0, 0],
-        [3, False, 3, 1.0, 1.0, 0],
+    assert output.tables["task_accuracy"].rows == [  # no wrong answer of any kind; right by the oracle too
+        [1, True, 3, 1.0, 1.0, 0, 0.0, 0.0, 0.0, 1.0],
+        [2, True, 3, 1.0, 1.0, 0, 0.0, 0.0, 0.0, 1.0],
+        [3, False, 3, 1.0, 1.0, 0, 0.0, 0.0, 0.0, 1.0],
     ]
     assert all(format_key(parse_key(key)) == key for key in scalars if key.startswith("task/"))
     assert "task_accuracy_vs_length" in output.figures
@@ -132,16 +134,51 @@ def test_exact_match_reads_known_outputs() -> None:
 
 def test_a_model_that_does_not_stop_is_wrong() -> None:
     """Memorised answers followed by '1' instead of EOS: the answer is written, EOS is not, so exact 0 by
-    both verdicts."""
+    both verdicts; every answer ran long, and the oracle-length reading (EOS suppressed, the answer's tokens
+    alone) finds them all right."""
     ctx = context(task_model("parity"), "parity", *EVAL)
     examples = [e for n in (1, 2, 3) for e in ctx.valid.examples_at(n, 3)]
     batch = example_batch(examples, 7)
     eos = batch.targets == 2  # the EOS targets
     batch.targets[eos] = TaskTokenizer().encode("1", document=False).tokens[0].item()
     ctx.model = memorise(task_model("parity", "rope"), batch)
-    scalars = run_evaluator(ctx, "task").scalars
+    output = run_evaluator(ctx, "task")
+    scalars = output.scalars
     assert scalars["task/exact_seen"] == scalars["task/exact_unseen"] == 0.0
     assert scalars["task/tf_disagree"] == 0
+    assert all(
+        scalars[f"task/ran_long@{n}"] == 1.0 and scalars[f"task/oracle_exact@{n}"] == 1.0 for n in (1, 2, 3)
+    )
+    assert scalars["task/oracle_exact_seen"] == scalars["task/oracle_exact_unseen"] == 1.0
+    assert set(output.arrays["task_examples"]["error"]) == {RAN_LONG}
+    assert set(output.arrays["task_examples"]["first_wrong"]) == {1}  # parity's answer is one digit
+
+
+def test_a_wrong_answer_is_classed_by_its_first_wrong_token() -> None:
+    """Hand-worked: the answer 5 7 and EOS (2) against what decoding wrote."""
+    wanted = np.array([9, 11, EOS])
+    cases = {
+        (9, 11, EOS, 0): (RIGHT, -1),  # right; what follows EOS is not read
+        (9, EOS, 11, EOS): (STOPPED_EARLY, 1),  # EOS after one token
+        (EOS, 9, 11, EOS): (STOPPED_EARLY, 0),
+        (9, 12, EOS, 0): (WRONG_TOKEN, 1),
+        (10, 11, EOS, 0): (WRONG_TOKEN, 0),
+        (9, 11, 11, EOS): (RAN_LONG, 2),  # the answer, then no EOS
+    }
+    for written, expected in cases.items():
+        assert error_class(np.array(written), wanted) == expected, written
+
+
+def test_decoding_never_writes_a_suppressed_id() -> None:
+    """`generate(suppress=...)`: greedy decoding picks the best of the other ids; none suppressed, as
+    before."""
+    model = task_model("parity", "rope")
+    prompt = torch.tensor([[1, 5, 6, 3]])
+    free = generate(model, prompt, 6)
+    banned = tuple(int(t) for t in set(free[0].tolist()))
+    held = generate(model, prompt, 6, suppress=banned)
+    assert not set(held[0].tolist()) & set(banned)
+    assert torch.equal(generate(model, prompt, 6, suppress=()), free)
 
 
 def test_greedy_and_teacher_forced_verdicts_agree_on_a_half_learned_model() -> None:

@@ -96,13 +96,15 @@ def generate(
     paragraph: Tensor | None = None,
     offset: int = 0,
     prefill_block: int | None = None,
+    suppress: Sequence[int] = (),
 ) -> Tensor:
     """Continue `prompt` (B, T) by `steps` tokens with cached decoding: returns the new ids (B, steps).
 
     `structure`: one tracker per row, extended by the prompt and every new token (the prompt's indices are
     `sentence`, `paragraph` (B, T) when given, seeded into the trackers, else the trackers' replay of it);
     without it no token has indices (every encoding but the hierarchical one). `offset`: the prompt's first
-    position. The model runs in eval mode (its mode is restored after)."""
+    position. `suppress`: ids never chosen (their logits set to -inf first: the task evaluator's oracle-length
+    reading suppresses EOS). The model runs in eval mode (its mode is restored after)."""
     check_request(prompt, steps, temperature, top_k, offset, prefill_block)
     with evaluating(model), model.encoding.planned_positions(offset + prompt.shape[1] + steps):
         indices = prompt_indices(prompt, structure, sentence, paragraph)
@@ -110,6 +112,10 @@ def generate(
         logits = prefill(model, cache, prompt, indices, offset, prefill_block)  # (B, V)
         chosen = []
         for step in range(steps):
+            if suppress:
+                logits = logits.index_fill(
+                    -1, torch.tensor(list(suppress), device=logits.device), float("-inf")
+                )
             token = choose_next(logits, temperature, top_k, generator)  # (B, 1)
             chosen.append(token)
             new = next_indices(token, structure)

@@ -69,8 +69,10 @@ AUDIT_ATTENTION_METRICS = ("entropy", "distance")  # at a length; per (layer, he
 # position that depends on the content (`Form.content_statistics`): at a length; per (layer, head) or mean
 AUDIT_CONTENT_METRICS = CONTENT_METRICS  # declared in posab.content_statistics
 AUDIT_PULL = "bias_pull"  # at a length; per head or the largest over heads
-TASK_LENGTH_METRICS = ("exact",)  # at an instance length
-TASK_METRICS = (*TASK_LENGTH_METRICS, "exact_seen", "exact_unseen", "tf_disagree")
+# at an instance length: exact match, the shares of each kind of wrong answer, the oracle-length reading
+TASK_LENGTH_METRICS = ("exact", "stopped_early", "ran_long", "wrong_token", "oracle_exact")
+TASK_SUMMARIES = ("exact_seen", "exact_unseen", "oracle_exact_seen", "oracle_exact_unseen", "tf_disagree")
+TASK_METRICS = (*TASK_LENGTH_METRICS, *TASK_SUMMARIES)
 AUDIT_METRICS = (
     *AUDIT_HEAD_METRICS,
     "bias_jump",

@@ -16,6 +16,11 @@ def report_columns(keys: Collection[str]) -> list[Column]:
     for name, legend in (
         ("exact_seen", "exact match at the training lengths, mean over them (`task/exact_seen`)"),
         ("exact_unseen", "exact match past the training lengths, mean over them (`task/exact_unseen`)"),
+        (
+            "oracle_exact_unseen",
+            "exact match of the answer's tokens past the training lengths with EOS suppressed for the "
+            "answer's length (the oracle-length reading), mean over them (`task/oracle_exact_unseen`)",
+        ),
     ):
         key = metric_key(name)
         if key in keys:

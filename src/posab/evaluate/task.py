@@ -19,9 +19,19 @@ full forward pass round a near tie differently: bf16). The `task_accuracy` table
 `task_examples.npz` (each example's instance length and verdict, in the order `TaskStream.examples_at` gives
 them: the same examples for every run of a task, so that runs can be paired example by example).
 
-What a number can show: whether the model computes the task exactly at lengths it never trained on. What it
-cannot: why (attention analysis does that), nor how close a wrong answer was (exact match is all or
-nothing).
+Where the errors are (issue 58): each wrong answer is classed by its first wrong token, at position p of
+the answer and EOS: `stopped_early` (EOS written at p, before the answer's end), `ran_long` (every token of
+the answer right, and no EOS after it) or `wrong_token` (another token at p); `task/stopped_early@n`,
+`task/ran_long@n` and `task/wrong_token@n` are their shares of the examples at length n (with
+`task/exact@n` they sum to 1). The oracle-length reading (`eval.task.oracle`) decodes the same prompts
+again with EOS suppressed for the answer's length and scores the answer's tokens alone
+(`task/oracle_exact@n`, `_seen`, `_unseen`): a model that fails only at stopping (the length decision
+training fixes: on copy and reverse, EOS where training always put it) is right there, one that fails at the
+content is not.
+
+What a number can show: whether the model computes the task exactly at lengths it never trained on, and
+whether a wrong answer went wrong at its content or only at its length. What it cannot: why (attention
+analysis does that), nor how close a wrong answer's content was (exact match is all or nothing).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from matplotlib.figure import Figure
 
 from posab.catalog import task as task_columns
 from posab.data.tasks import TaskExample, TaskStream, TaskTracker, example_batch
+from posab.data.tasks.vocab import EOS
 from posab.decoding import generate
 from posab.device import autocast
 from posab.errors import ConfigError, require
@@ -44,7 +55,20 @@ from posab.keys import metric_key
 from posab.outputs import EvalOutput, Table
 from posab.plots import new_figure
 
-COLUMNS = ["length", "seen", "examples", "exact", "teacher_forced_exact", "disagree"]
+COLUMNS = [
+    "length",
+    "seen",
+    "examples",
+    "exact",
+    "teacher_forced_exact",
+    "disagree",
+    "stopped_early",
+    "ran_long",
+    "wrong_token",
+    "oracle_exact",
+]
+RIGHT, STOPPED_EARLY, RAN_LONG, WRONG_TOKEN = 0, 1, 2, 3  # an example's class (task_examples.npz `error`)
+ERRORS = {STOPPED_EARLY: "stopped_early", RAN_LONG: "ran_long", WRONG_TOKEN: "wrong_token"}
 
 
 @dataclass
@@ -54,6 +78,7 @@ class TaskEvalConfig(SectionConfig):
     enabled: bool = False
     examples: int = 100  # per instance length: accuracy in steps of 1%
     batch_size: int = 100  # examples decoded together (those of one prompt length)
+    oracle: bool = True  # also decode with EOS suppressed for the answer's length (module docstring)
 
     def validate(self, settings: EvalSettings) -> None:
         require(self.examples > 0, f"eval.task.examples={self.examples} must be positive")
@@ -62,10 +87,26 @@ class TaskEvalConfig(SectionConfig):
 
 @dataclass
 class Scored:
-    """Per example of one batch: greedy decoding's verdict and the teacher-forced one."""
+    """Per example: greedy decoding's verdict and the teacher-forced one, the class of a wrong answer and
+    where it first went wrong, and the oracle-length verdict."""
 
     greedy: np.ndarray  # (B,) bool
     forced: np.ndarray  # (B,) bool
+    error: np.ndarray  # (B,) int: RIGHT, STOPPED_EARLY, RAN_LONG or WRONG_TOKEN
+    first_wrong: np.ndarray  # (B,) int: the position of the first wrong token in answer + EOS, -1 if none
+    oracle: np.ndarray  # (B,) bool: the answer's tokens right with EOS suppressed (False when not read)
+
+
+def error_class(written: np.ndarray, wanted: np.ndarray) -> tuple[int, int]:
+    """(class, first wrong position) of one decoded example: `wanted` is the answer and EOS, `written` at
+    least as long (module docstring)."""
+    wrong = np.flatnonzero(written[: len(wanted)] != wanted)
+    if not len(wrong):
+        return RIGHT, -1
+    first = int(wrong[0])
+    if first == len(wanted) - 1:
+        return RAN_LONG, first
+    return (STOPPED_EARLY if written[first] == EOS else WRONG_TOKEN), first
 
 
 def batches(examples: list[TaskExample], size: int) -> Iterator[list[TaskExample]]:
@@ -76,16 +117,30 @@ def batches(examples: list[TaskExample], size: int) -> Iterator[list[TaskExample
             yield group[start : start + size]
 
 
-def greedy_exact(ctx: EvalContext, examples: list[TaskExample]) -> np.ndarray:
-    """(B,) whether cached greedy decoding writes each example's answer and EOS."""
+def written_by(
+    ctx: EvalContext, examples: list[TaskExample], steps: int, suppress: tuple[int, ...] = ()
+) -> np.ndarray:
+    """(B, steps) the ids cached greedy decoding writes after each example's prompt, never one of
+    `suppress`."""
     prompt = torch.from_numpy(np.stack([e.prompt_tokens for e in examples])).to(ctx.device)  # (B, P)
-    wanted = [e.answer_tokens for e in examples]
-    steps = max(len(w) for w in wanted)
+    trackers = [TaskTracker() for _ in examples]
     with autocast(ctx.device, ctx.dtype):
-        written = generate(ctx.model, prompt, steps, structure=[TaskTracker() for _ in examples]).cpu()
-    return np.array(
-        [np.array_equal(row[: len(w)].numpy(), w) for row, w in zip(written, wanted, strict=True)]
-    )
+        return generate(ctx.model, prompt, steps, structure=trackers, suppress=suppress).cpu().numpy()
+
+
+def greedy_scores(ctx: EvalContext, examples: list[TaskExample]) -> tuple[np.ndarray, np.ndarray]:
+    """(B,) each example's class (`error_class`) and (B,) its first wrong position, greedy and cached."""
+    wanted = [e.answer_tokens for e in examples]
+    written = written_by(ctx, examples, max(len(w) for w in wanted))
+    found = [error_class(row, w) for row, w in zip(written, wanted, strict=True)]
+    return np.array([c for c, _ in found]), np.array([p for _, p in found])
+
+
+def oracle_exact(ctx: EvalContext, examples: list[TaskExample]) -> np.ndarray:
+    """(B,) whether decoding with EOS suppressed writes each example's answer (its tokens alone)."""
+    answers = [e.answer_tokens[:-1] for e in examples]
+    written = written_by(ctx, examples, max(len(a) for a in answers), suppress=(EOS,))
+    return np.array([np.array_equal(row[: len(a)], a) for row, a in zip(written, answers, strict=True)])
 
 
 def forced_exact(ctx: EvalContext, examples: list[TaskExample]) -> np.ndarray:
@@ -96,15 +151,18 @@ def forced_exact(ctx: EvalContext, examples: list[TaskExample]) -> np.ndarray:
     return right.all(dim=1).numpy()
 
 
-def score(ctx: EvalContext, examples: list[TaskExample], size: int) -> Scored:
-    """Both verdicts, batch by batch, each batch's two passes at the same positions (one plan of the whole
+def score(ctx: EvalContext, examples: list[TaskExample], size: int, oracle: bool) -> Scored:
+    """Every verdict, batch by batch, each batch's passes at the same positions (one plan of the whole
     sequence: `Encoding.planned_positions`, randomized positions evaluated `sampled`)."""
     parts = []
     for group in batches(examples, size):
         ctx.model.eval()
         with ctx.model.encoding.planned_positions(max(len(e.tokens) for e in group)):
-            parts.append((greedy_exact(ctx, group), forced_exact(ctx, group)))
-    return Scored(np.concatenate([g for g, _ in parts]), np.concatenate([f for _, f in parts]))
+            error, first = greedy_scores(ctx, group)
+            forced = forced_exact(ctx, group)
+            read = oracle_exact(ctx, group) if oracle else np.zeros(len(group), dtype=bool)
+            parts.append((error == RIGHT, forced, error, first, read))
+    return Scored(*(np.concatenate(part) for part in zip(*parts, strict=True)))
 
 
 def accuracy_figure(table: Table, train: tuple[int, int], title: str) -> Figure:
@@ -134,19 +192,21 @@ class TaskAccuracy(Evaluator[TaskEvalConfig]):
         train = stream.train_lengths
         rows, scalars, verdicts = [], {}, []
         for n in ctx.bar(range(low, high + 1), f"task {stream.task.name}"):
-            found = score(ctx, stream.examples_at(n, self.cfg.examples), self.cfg.batch_size)
-            exact, forced = float(found.greedy.mean()), float(found.forced.mean())
-            disagree = int((found.greedy != found.forced).sum())
-            rows.append([n, train[0] <= n <= train[1], len(found.greedy), exact, forced, disagree])
-            scalars[metric_key("exact", n)] = exact
-            verdicts.append((np.full(len(found.greedy), n), found.greedy))
-        scalars.update(summary_scalars(rows))
+            found = score(ctx, stream.examples_at(n, self.cfg.examples), self.cfg.batch_size, self.cfg.oracle)
+            rows.append(length_row(n, train, found, self.cfg.oracle))
+            scalars.update(length_scalars(n, found, self.cfg.oracle))
+            verdicts.append((np.full(len(found.greedy), n), found))
+        scalars.update(summary_scalars(rows, self.cfg.oracle))
         table = Table(COLUMNS, rows)
         figure = accuracy_figure(table, train, f"{ctx.title}: {stream.task.name}")
         arrays = {
             "length": np.concatenate([n for n, _ in verdicts]),
-            "exact": np.concatenate([g for _, g in verdicts]),
+            "exact": np.concatenate([f.greedy for _, f in verdicts]),
+            "error": np.concatenate([f.error for _, f in verdicts]),
+            "first_wrong": np.concatenate([f.first_wrong for _, f in verdicts]),
         }
+        if self.cfg.oracle:
+            arrays["oracle_exact"] = np.concatenate([f.oracle for _, f in verdicts])
         return EvalOutput(
             scalars=scalars,
             tables={"task_accuracy": table},
@@ -155,14 +215,33 @@ class TaskAccuracy(Evaluator[TaskEvalConfig]):
         )
 
 
-def summary_scalars(rows: list[list]) -> dict[str, float]:
-    """`task/exact_seen`, `task/exact_unseen` (means over lengths; absent when no length is such) and
-    `task/tf_disagree` (a count)."""
-    seen = [row[3] for row in rows if row[1]]
-    unseen = [row[3] for row in rows if not row[1]]
+def length_row(n: int, train: tuple[int, int], found: Scored, oracle: bool) -> list:
+    """One line of the `task_accuracy` table (COLUMNS)."""
+    shares = [float((found.error == kind).mean()) for kind in ERRORS]
+    disagree = int((found.greedy != found.forced).sum())
+    exact, forced = float(found.greedy.mean()), float(found.forced.mean())
+    read = float(found.oracle.mean()) if oracle else float("nan")
+    return [n, train[0] <= n <= train[1], len(found.greedy), exact, forced, disagree, *shares, read]
+
+
+def length_scalars(n: int, found: Scored, oracle: bool) -> dict[str, float]:
+    """`task/exact@n`, the shares of each kind of error and, read, `task/oracle_exact@n`."""
+    scalars = {metric_key("exact", n): float(found.greedy.mean())}
+    scalars |= {metric_key(name, n): float((found.error == kind).mean()) for kind, name in ERRORS.items()}
+    if oracle:
+        scalars[metric_key("oracle_exact", n)] = float(found.oracle.mean())
+    return scalars
+
+
+def summary_scalars(rows: list[list], oracle: bool = False) -> dict[str, float]:
+    """`task/exact_seen`, `task/exact_unseen` (means over lengths; absent when no length is such), the same
+    of the oracle-length reading when read, and `task/tf_disagree` (a count)."""
     scalars = {metric_key("tf_disagree"): float(sum(row[5] for row in rows))}
-    if seen:
-        scalars[metric_key("exact_seen")] = float(np.mean(seen))
-    if unseen:
-        scalars[metric_key("exact_unseen")] = float(np.mean(unseen))
+    for column, name in ((3, "exact"), *(((9, "oracle_exact"),) if oracle else ())):
+        seen = [row[column] for row in rows if row[1]]
+        unseen = [row[column] for row in rows if not row[1]]
+        if seen:
+            scalars[metric_key(f"{name}_seen")] = float(np.mean(seen))
+        if unseen:
+            scalars[metric_key(f"{name}_unseen")] = float(np.mean(unseen))
     return scalars

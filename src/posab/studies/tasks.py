@@ -6,7 +6,8 @@ encoding, the NoPE study's aggregate, and the preregistered orderings tested see
 Reads the runs as `posab report` does (run folders, sweeps or a runs.csv), keeps the finished runs of a
 task (`data.task.name`), and writes into `--out`: tasks.md, tasks.csv (one line per run), mrr.csv,
 claims_verdicts.csv (with `--claims`), tasks.png (accuracy against instance length, a panel per task, the
-mean over seeds per encoding, the training lengths shaded) and runs.csv. With `--claims`, `--write FILE
+mean over seeds per encoding, the training lengths shaded), tasks_heatmap.png and the errors' tables
+(`posab.studies.task_errors`) and runs.csv. With `--claims`, `--write FILE
 ...` rewrites the block between TASK_BEGIN and TASK_END in each file (results/README.md, the suite's
 README) with the claims' tables, so that no sentence there gives an ordering another verdict than its test.
 
@@ -65,6 +66,7 @@ from posab.report.stats import ALPHA
 from posab.report.styles import encoding_colours, shared_colour_styles
 from posab.studies.claims import STATUSES, claims_file_lines
 from posab.studies.readings import add_write_argument, replace_block
+from posab.studies.task_errors import error_lines, heatmap_figure
 from posab.studies.verdicts import claim_verdict
 
 TASK, TRAIN_LENGTHS = "data.task.name", "data.task.train_lengths"
@@ -448,6 +450,13 @@ def write_tasks_report(
     mrr_table.to_csv(out / "mrr.csv", index_label="encoding")
     figure = save_figure(accuracy_figure(found), out / "tasks.png")
     lines = report_lines(frame, mrr_text, figure.name)
+    heatmap = heatmap_figure(runs)
+    if heatmap is not None:
+        lines += [
+            f"![exact match per encoding and length]({save_figure(heatmap, out / 'tasks_heatmap.png').name})",
+            "",
+        ]
+    lines += error_lines(runs)
     if verdicts is not None:
         verdicts.to_csv(out / "claims_verdicts.csv", index=False)
         lines += ["## Preregistered orderings", "", *claims_lines(verdicts), ""]
