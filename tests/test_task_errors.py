@@ -16,9 +16,9 @@ from posab.studies.tasks import write_tasks_report
 def classed_run(
     encoding: str, seed: int, exact: float, early: float, long: float, task: str = "copy", high: int = 2
 ) -> RunRecord:
-    """A run of `task` trained to n = `high` (2), scored at n = 1 .. 4: right up to it; past it `exact`, `early` stopped
-    early, `long` ran long, the rest a wrong token; the oracle reading right where the answer only ran
-    long (exact + long)."""
+    """A run of `task` trained to n = `high` (2), scored at n = 1 .. 4: right up to it; past it `exact`,
+    `early` stopped early, `long` ran long, the rest a wrong token; the oracle reading right where the
+    answer only ran long (exact + long)."""
     metrics: dict[str, float] = {}
     for n in (1, 2, 3, 4):
         shares = (1.0, 0.0, 0.0) if n <= high else (exact, early, long)

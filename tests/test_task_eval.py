@@ -154,6 +154,26 @@ def test_a_model_that_does_not_stop_is_wrong() -> None:
     assert set(output.arrays["task_examples"]["first_wrong"]) == {1}  # parity's answer is one digit
 
 
+def test_flip_flop_is_also_scored_on_its_sparse_and_dense_test_distributions() -> None:
+    """The task's further test distributions (`Task.tests`) are scored greedily at every length, from the
+    same seeds, under their own keys; those keys parse, and the report's catalog offers their columns."""
+    overrides = ["data.task.test_lengths=[2,4]", "data.task.train_lengths=[2,3]", "data.task.seq_len=8"]
+    ctx = context(task_model("flipflop"), "flipflop", *overrides, "eval.task.examples=4")
+    scalars = run_evaluator(ctx, "task").scalars
+    for test in ("sparse", "dense"):
+        per_length = [scalars[f"task@{test}/exact@{n}"] for n in (2, 3, 4)]
+        assert all(0.0 <= v <= 1.0 for v in per_length)
+        assert scalars[f"task@{test}/exact_unseen"] == per_length[2]
+        assert scalars[f"task@{test}/exact_seen"] == pytest.approx(np.mean(per_length[:2]))
+    assert all(format_key(parse_key(key)) == key for key in scalars if key.startswith("task"))
+    headers = [c.header for c in task_columns.report_columns(set(scalars))]
+    assert {"exact unseen sparse", "exact unseen dense"} <= set(headers)
+    sparse = ctx.valid.examples_at(30, 50, "sparse")
+    dense = ctx.valid.examples_at(30, 50, "dense")
+    ignores = [sum(e.prompt.count(k) for e in group) for group, k in ((sparse, "i"), (dense, "i"))]
+    assert ignores[0] > 5 * ignores[1]  # 0.98 against 0.1 of the middle instructions
+
+
 def test_a_wrong_answer_is_classed_by_its_first_wrong_token() -> None:
     """Hand-worked: the answer 5 7 and EOS (2) against what decoding wrote."""
     wanted = np.array([9, 11, EOS])

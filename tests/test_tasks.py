@@ -5,6 +5,7 @@ answer, the configs of conf/task/ and the errors a bad task setting gets."""
 from __future__ import annotations
 
 import csv
+import string
 from collections import Counter
 
 import numpy as np
@@ -15,7 +16,17 @@ from conftest import CONF, ROOT, preset_jobs, typed_config
 from posab.data import prepare_data
 from posab.data.config import TaskConfig
 from posab.data.tasks import TASKS, TaskExample, TaskStream, TaskTokenizer, TaskTracker, example_batch
-from posab.data.tasks.generators import POOL, addition, copy, parity, reverse, sort, summation
+from posab.data.tasks.generators import (
+    POOL,
+    addition,
+    copy,
+    flip_flop,
+    mqar,
+    parity,
+    reverse,
+    sort,
+    summation,
+)
 from posab.data.tasks.vocab import BOS, EOS, PAD, SEP, structure, symbol_id
 from posab.errors import ConfigError
 
@@ -25,7 +36,7 @@ TASK_NAMES = sorted(path.stem for path in (CONF / "task").glob("*.yaml"))
 class Scripted:
     """A stand-in for np.random.Generator that returns the draws a hand-worked example needs, in order."""
 
-    def __init__(self, *draws: int | list[int]) -> None:
+    def __init__(self, *draws: int | list[int] | list[str]) -> None:
         self.draws = list(draws)
 
     def integers(self, low: int, high: int, size: int | None = None) -> int | np.ndarray:
@@ -33,6 +44,16 @@ class Scripted:
         values = np.atleast_1d(np.asarray(draw))
         assert ((low <= values) & (values < high)).all(), f"draw {draw} outside [{low}, {high})"
         return np.asarray(draw) if size is not None else int(draw)
+
+    def permutation(self, n: int) -> np.ndarray:
+        draw = self.draws.pop(0)
+        assert sorted(draw) == list(range(n)), f"draw {draw} is no permutation of {n}"
+        return np.asarray(draw)
+
+    def choice(self, options: list[str], size: int, p: list[float]) -> np.ndarray:
+        draw = self.draws.pop(0)
+        assert len(draw) == size and set(draw) <= set(options) and abs(sum(p) - 1) < 1e-12
+        return np.asarray(draw)
 
 
 def symbols(text: str) -> list[int]:
@@ -56,6 +77,10 @@ def symbols(text: str) -> list[int]:
         (parity, 3, [[1, 1, 1]], "111", "1"),
         (summation, 3, [[3, 3, 1]], "3+3+1", "7"),
         (summation, 3, [[9, 9, 8]], "9+9+8", "6"),  # 26 mod 10
+        # mqar: the keys' permutation (a, b, c first), the values, the order of the queries
+        (mqar, 3, [list(range(26)), [3, 7, 1], [2, 0, 1]], "a3b7c1,cab", "137"),
+        # flip-flop: the first write's bit, then per middle instruction its kind and (unless a read) its bit
+        (flip_flop(0.8), 5, [1, ["i", "r", "w"], 0, 0], "w1i0r1w0r", "0"),
     ],
 )
 def test_each_generator_gives_the_hand_worked_example(
@@ -85,6 +110,25 @@ def check_summation(prompt: str, answer: str, n: int) -> None:
     assert len(values) == n and min(values) >= 1 and answer == str(sum(values) % 10)
 
 
+def check_mqar(prompt: str, answer: str, n: int) -> None:
+    pairs, queries = prompt.split(",")
+    table = {pairs[i]: pairs[i + 1] for i in range(0, len(pairs), 2)}
+    assert len(pairs) == 2 * n and len(table) == n and set(table) <= set(string.ascii_lowercase)
+    assert sorted(queries) == sorted(table) and answer == "".join(table[k] for k in queries)
+
+
+def check_flip_flop(prompt: str, answer: str, n: int) -> None:
+    instructions = [prompt[i : i + 2] for i in range(0, len(prompt), 2)]
+    assert len(instructions) == n and instructions[0][0] == "w" and instructions[-1] == "r"
+    memory = None
+    for kind, *bit in instructions:
+        assert kind in "wir" and all(b in "01" for b in bit)
+        if kind == "r" and bit:
+            assert bit[0] == memory  # a read inside the prompt shows the bit last written
+        memory = bit[0] if kind == "w" else memory
+    assert answer == memory
+
+
 DEFINITIONS = {  # each task's definition, checked on its examples (a new task: add its own)
     "copy": lambda p, a, n: check_list("copy", p, a, n),
     "reverse": lambda p, a, n: check_list("reverse", p, a, n),
@@ -92,6 +136,8 @@ DEFINITIONS = {  # each task's definition, checked on its examples (a new task: 
     "addition": check_addition,
     "parity": check_parity,
     "summation": check_summation,
+    "mqar": check_mqar,
+    "flipflop": check_flip_flop,
 }
 
 
@@ -101,19 +147,21 @@ def test_every_example_satisfies_its_task_s_definition(name: str) -> None:
     checker here, which a new task must add) satisfy its definition."""
     task, rng, tokenizer = TASKS[name], np.random.default_rng(0), TaskTokenizer()
     assert name in DEFINITIONS, f"task {name} has no definition check in DEFINITIONS"
-    for n in (1, 2, 5, 17, 40):
-        for _ in range(20):
-            example = task.example(rng, n)
-            assert len(example.tokens) <= task.tokens(n) and example.length == n
-            assert tokenizer.decode(example.tokens) == f"{example.prompt}={example.answer}"
-            DEFINITIONS[name](example.prompt, example.answer, n)
+    least, most = task.lengths
+    for n in (n for n in (1, 2, 5, 17, 26, 40) if least <= n <= (most or n)):
+        for test in (None, *task.tests):
+            for _ in range(20):
+                example = task.example(rng, n, test)
+                assert len(example.tokens) <= task.tokens(n) and example.length == n
+                assert tokenizer.decode(example.tokens) == f"{example.prompt}={example.answer}"
+                DEFINITIONS[name](example.prompt, example.answer, n)
 
 
 def test_the_longest_example_reaches_the_stated_token_count() -> None:
     """`Task.tokens(n)` is the most an instance has (it sizes train.seq_len): reached, never passed."""
     rng = np.random.default_rng(1)
     for name, task in TASKS.items():
-        for n in (1, 3, 8):
+        for n in (n for n in (1, 3, 8) if n >= task.lengths[0]):
             lengths = [len(task.example(rng, n).tokens) for _ in range(3000)]
             assert max(lengths) == task.tokens(n), (name, n)
 
@@ -167,7 +215,7 @@ def test_the_structure_rule_by_hand_and_the_tracker_agrees() -> None:
     assert paragraph.tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1]
     rng = np.random.default_rng(0)
     for name, task in TASKS.items():
-        for n in (1, 4, 9):
+        for n in (n for n in (1, 4, 9) if n >= task.lengths[0]):
             tokens = task.example(rng, n).tokens
             tracker = TaskTracker()
             tracked = tracker.extend(tokens[:3].tolist()), tracker.extend(tokens[3:].tolist())
@@ -245,6 +293,14 @@ def test_the_tasks_in_conf_are_the_generators() -> None:
         (["data.task.name=divide"], "data.task.name='divide': use one of copy"),
         (["data.task.train_lengths=[5,2]"], r"data.task.train_lengths=\[5, 2\]: give \[low, high\]"),
         (["data.needle_rate=0.1"], "data.needle_rate=0.1 with data.source=task"),
+        (
+            ["task=mqar", "data.task.test_lengths=[1,30]"],
+            r"test_lengths=\[1, 30\]: task mqar makes .* 1 .. 26",
+        ),
+        (
+            ["task=flipflop", "data.task.train_lengths=[1,32]"],
+            r"train_lengths=\[1, 32\]: task flipflop .* >= 2",
+        ),
     ],
 )
 def test_bad_task_settings_are_named(overrides: list[str], message: str) -> None:

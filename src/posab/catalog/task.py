@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from posab.keys import metric_key
+from posab.keys import key_variants, metric_key
 from posab.outputs import Column
 
 ORDER = 5  # the evaluator's place among the others, in its runs and in a study's table
@@ -25,4 +25,9 @@ def report_columns(keys: Collection[str]) -> list[Column]:
         key = metric_key(name)
         if key in keys:
             columns.append(Column(name.replace("_", " "), key, ".3f", legend))
+    for test in key_variants(k for k in keys if k.startswith("task@")):
+        key = metric_key("exact_unseen", variant=test)
+        if key in keys:
+            legend = f"exact match past the training lengths on the test distribution {test} (`{key}`)"
+            columns.append(Column(f"exact unseen {test}", key, ".3f", legend))
     return columns

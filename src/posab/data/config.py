@@ -41,7 +41,10 @@ class TaskConfig:
                 f"data.task.{name}={low_high}: give [low, high] with 1 <= low <= high",
             )
         require(self.valid_examples > 0, f"data.task.valid_examples={self.valid_examples} must be positive")
-        longest = task_named(self.name).tokens(self.train_lengths[1]) - 1
+        task = task_named(self.name)
+        task.check_lengths(*self.train_lengths, "data.task.train_lengths")
+        task.check_lengths(*self.test_lengths, "data.task.test_lengths")
+        longest = task.tokens(self.train_lengths[1]) - 1
         require(
             self.seq_len == longest,
             f"data.task.seq_len={self.seq_len}: task {self.name}'s longest training example at instance "

@@ -19,15 +19,16 @@ full forward pass round a near tie differently: bf16). The `task_accuracy` table
 `task_examples.npz` (each example's instance length and verdict, in the order `TaskStream.examples_at` gives
 them: the same examples for every run of a task, so that runs can be paired example by example).
 
-Where the errors are (issue 58): each wrong answer is classed by its first wrong token, at position p of
-the answer and EOS: `stopped_early` (EOS written at p, before the answer's end), `ran_long` (every token of
-the answer right, and no EOS after it) or `wrong_token` (another token at p); `task/stopped_early@n`,
-`task/ran_long@n` and `task/wrong_token@n` are their shares of the examples at length n (with
-`task/exact@n` they sum to 1). The oracle-length reading (`eval.task.oracle`) decodes the same prompts
-again with EOS suppressed for the answer's length and scores the answer's tokens alone
-(`task/oracle_exact@n`, `_seen`, `_unseen`): a model that fails only at stopping (the length decision
-training fixes: on copy and reverse, EOS where training always put it) is right there, one that fails at the
-content is not.
+Where the errors are (issue 58): each wrong answer is classed by its first wrong token, at position p of the
+answer and EOS: `stopped_early` (EOS written at p, before the answer's end), `ran_long` (every token of the
+answer right, and no EOS after it) or `wrong_token` (another token at p); `task/stopped_early@n`,
+`task/ran_long@n` and `task/wrong_token@n` are their shares of the examples at length n (with `task/exact@n`
+they sum to 1). A task with further test distributions (`Task.tests`: flip-flop's `sparse` and `dense`) is
+also scored greedily on each, from the same seeds: `task@TEST/exact@n`, `task@TEST/exact_seen`,
+`task@TEST/exact_unseen`. The oracle-length reading (`eval.task.oracle`) decodes the same prompts again with
+EOS suppressed for the answer's length and scores the answer's tokens alone (`task/oracle_exact@n`, `_seen`,
+`_unseen`): a model that fails only at stopping (the length decision training fixes: on copy and reverse,
+EOS where training always put it) is right there, one that fails at the content is not.
 
 What a number can show: whether the model computes the task exactly at lengths it never trained on, and
 whether a wrong answer went wrong at its content or only at its length. What it cannot: why (attention
@@ -197,6 +198,8 @@ class TaskAccuracy(Evaluator[TaskEvalConfig]):
             scalars.update(length_scalars(n, found, self.cfg.oracle))
             verdicts.append((np.full(len(found.greedy), n), found))
         scalars.update(summary_scalars(rows, self.cfg.oracle))
+        for test in stream.task.tests:
+            scalars.update(self.test_distribution(ctx, stream, test))
         table = Table(COLUMNS, rows)
         figure = accuracy_figure(table, train, f"{ctx.title}: {stream.task.name}")
         arrays = {
@@ -213,6 +216,25 @@ class TaskAccuracy(Evaluator[TaskEvalConfig]):
             figures={"task_accuracy_vs_length": figure},
             arrays={"task_examples": arrays},
         )
+
+    def test_distribution(self, ctx: EvalContext, stream: TaskStream, test: str) -> dict[str, float]:
+        """Exact match on the task's further test distribution `test` at every length (greedy, cached)."""
+        low, high = stream.lengths
+        exact = {}
+        for n in ctx.bar(range(low, high + 1), f"task {stream.task.name}@{test}"):
+            found = score(ctx, stream.examples_at(n, self.cfg.examples, test), self.cfg.batch_size, False)
+            exact[n] = float(found.greedy.mean())
+        return distribution_scalars(test, exact, stream.train_lengths)
+
+
+def distribution_scalars(test: str, exact: dict[int, float], train: tuple[int, int]) -> dict[str, float]:
+    """`task@TEST/exact@n` per length and their means within and past the training lengths."""
+    scalars = {metric_key("exact", n, variant=test): value for n, value in exact.items()}
+    for name, lengths in (("exact_seen", [n for n in exact if train[0] <= n <= train[1]]),
+                          ("exact_unseen", [n for n in exact if not train[0] <= n <= train[1]])):  # fmt: skip
+        if lengths:
+            scalars[metric_key(name, variant=test)] = float(np.mean([exact[n] for n in lengths]))
+    return scalars
 
 
 def length_row(n: int, train: tuple[int, int], found: Scored, oracle: bool) -> list:

@@ -15,6 +15,17 @@ match, as the reference does.
 - parity: n bits -> `0` when the count of 1s is even, `1` when odd (`011` -> `0`). Reference `len_tr8_ts16`,
   answering "Yes" when even.
 - summation: n operands, digits 1-9 -> their sum mod 10 (`3+3+1` -> `7`). Reference `tr8_ts16`, as here.
+- mqar (issue 58): multi-query associative recall (Arora et al., 2023, "Zoology", MQAR; reference
+  `HazyResearch/zoology`, `data/associative_recall.py`): n key-value pairs, keys distinct letters, values
+  digits, then every key once in a random order; the answer is their values in that order (`a3b7c1,cab` ->
+  `137`). Trained on a mixture of lengths (U(1, 8)): training at the longest length alone is a known
+  failure. n <= 26 (distinct letters).
+- flipflop (issue 58): flip-flop language modelling (Liu et al., 2023, "Exposing Attention Glitches with
+  Flip-Flop Language Modeling"): n instructions, each a letter and a bit, `w` (write the bit), `i` (ignore
+  it) or `r` (read: the bit last written), the first a write, the last a read whose bit is the answer
+  (`w1i0r1i1r` -> `1`); a read inside the prompt shows its correct bit. Training draws ignores with
+  probability 0.8 and writes and reads 0.1 each (the paper's FFL(0.8)); the test split too, and two more
+  test distributions (`Task.tests`): `sparse`, ignores at 0.98, and `dense`, at 0.1, the paper's.
 
 Where posab differs, and why: one id per symbol and no words around the data (the reference writes "Copy:
 a b c", "Compute 5 3 + 1 2 ?", "The answer is 6 5 ." in T5's SentencePiece), so the sequence holds the task
@@ -31,7 +42,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -91,17 +102,58 @@ def summation(rng: np.random.Generator, n: int) -> tuple[str, str]:
     return "+".join(map(str, values)), str(int(values.sum()) % 10)
 
 
+KEYS = string.ascii_lowercase  # mqar's keys: distinct letters
+FLIP_FLOP_IGNORES = {"train": 0.8, "sparse": 0.98, "dense": 0.1}  # p(ignore), Liu et al. (2023), section 3
+
+
+def mqar(rng: np.random.Generator, n: int) -> tuple[str, str]:
+    keys = [KEYS[i] for i in rng.permutation(len(KEYS))[:n]]
+    values = [str(v) for v in rng.integers(0, 10, size=n)]
+    order = rng.permutation(n)
+    pairs = "".join(k + v for k, v in zip(keys, values, strict=True))
+    return f"{pairs},{''.join(keys[i] for i in order)}", "".join(values[i] for i in order)
+
+
+def flip_flop(ignore: float) -> Generator:
+    """Flip-flop instructions with ignores drawn at probability `ignore` (module docstring)."""
+
+    def generate(rng: np.random.Generator, n: int) -> tuple[str, str]:
+        if n < 2:
+            raise ConfigError(f"flipflop instance length {n}: a write and a read need n >= 2")
+        memory = str(int(rng.integers(0, 2)))
+        parts = [f"w{memory}"]
+        for kind in rng.choice(["w", "i", "r"], size=n - 2, p=[(1 - ignore) / 2, ignore, (1 - ignore) / 2]):
+            bit = memory if kind == "r" else str(int(rng.integers(0, 2)))
+            memory = bit if kind == "w" else memory
+            parts.append(f"{kind}{bit}")
+        return "".join(parts) + "r", memory
+
+    return generate
+
+
 @dataclass(frozen=True)
 class Task:
-    """A task: its generator and the most tokens (BOS prompt SEP answer EOS) an instance of length n has."""
+    """A task: its generator, the most tokens (BOS prompt SEP answer EOS) an instance of length n has, the
+    instance lengths it can make, and further test distributions the task evaluator scores beside its own
+    (`tests`: name -> generator; flip-flop's sparse and dense)."""
 
     name: str
     generate: Generator
     tokens: Callable[[int], int]  # n -> the most tokens an instance of length n has
+    lengths: tuple[int, int | None] = (1, None)  # the instance lengths it can make: [low, high or no bound]
+    tests: dict[str, Generator] = field(default_factory=dict)
 
-    def example(self, rng: np.random.Generator, n: int) -> TaskExample:
-        prompt, answer = self.generate(rng, n)
+    def example(self, rng: np.random.Generator, n: int, test: str | None = None) -> TaskExample:
+        """An example of length n, by the task's generator or by its test distribution `test`."""
+        prompt, answer = (self.generate if test is None else self.tests[test])(rng, n)
         return TaskExample(n, prompt, answer)
+
+    def check_lengths(self, low: int, high: int, what: str) -> None:
+        """A ConfigError naming `what` unless the task can make instances of lengths low .. high."""
+        least, most = self.lengths
+        if low < least or (most is not None and high > most):
+            bound = f"{least} .. {most}" if most is not None else f">= {least}"
+            raise ConfigError(f"{what}=[{low}, {high}]: task {self.name} makes instances of lengths {bound}")
 
 
 TASKS = {
@@ -113,6 +165,14 @@ TASKS = {
         Task("addition", addition, lambda n: 3 * n + 5),  # n + 1 + n digits, a carry: n + 1
         Task("parity", parity, lambda n: n + 4),
         Task("summation", summation, lambda n: 2 * n + 3),  # n digits, n - 1 '+', one digit
+        Task("mqar", mqar, lambda n: 4 * n + 4, (1, len(KEYS))),  # 2n pairs, ',', n queries, n values
+        Task(
+            "flipflop",
+            flip_flop(FLIP_FLOP_IGNORES["train"]),
+            lambda n: 2 * n + 3,  # 2n - 1 symbols, one bit
+            (2, None),
+            {name: flip_flop(p) for name, p in FLIP_FLOP_IGNORES.items() if name != "train"},
+        ),
     )
 }
 

@@ -76,10 +76,11 @@ class TaskStream:
         length = int(rng.integers(self.lengths[0], self.lengths[1] + 1))
         return self.task.example(rng, length)
 
-    def examples_at(self, length: int, count: int) -> list[TaskExample]:
-        """`count` examples of instance length `length` (the evaluator's, per length)."""
+    def examples_at(self, length: int, count: int, test: str | None = None) -> list[TaskExample]:
+        """`count` examples of instance length `length` (the evaluator's, per length), by the task's
+        generator or by its test distribution `test` (`Task.tests`), from the same generator seeds."""
         rngs = (np.random.default_rng((self.seed, SPLIT_IDS[self.split], length, i)) for i in range(count))
-        return [self.task.example(rng, length) for rng in rngs]
+        return [self.task.example(rng, length, test) for rng in rngs]
 
     def batch(self, starts: np.ndarray | list[int], length: int) -> Batch:
         """Examples `starts` padded to `length` inputs (module docstring)."""
