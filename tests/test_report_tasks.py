@@ -124,6 +124,31 @@ def test_an_ordering_is_tested_on_its_task_and_seed_pairs() -> None:
     assert claim_verdicts(task_runs(suite()), [after_the_runs])["verdict"].tolist() == ["suggestive"]
 
 
+def test_a_claim_with_a_fit_rule_counts_only_the_pairs_where_both_runs_fit() -> None:
+    """`fit` 0.9: rope's copy run of seed 1 fits only to 0.5 at the training lengths, so the (copy, 1) pair
+    is lost; the mean over both tasks keeps 5 of its 6 pairs, per seed the mean of what is left (seed 1:
+    parity's +0.4 alone), and the table names the loss. Without the rule the claim reads as before."""
+    runs = [
+        r
+        for r in suite()
+        if not (r.encoding == "rope" and r.config["data.task.name"] == "copy" and r.seed == 1)
+    ]
+    runs.append(task_run("rope", "copy", 1, [0.5, 0.4, 0.3, 0.2], seen=0.5))
+    fitted = TaskClaim("nope_study", "nope", "rope", "mean", "greater", "preregistered", "abc", "s", fit=0.9)
+    line = claim_verdicts(task_runs(runs), [fitted]).iloc[0]
+    assert (line["pairs"], line["pairs_lost"], line["fit"]) == (5, 1, 0.9)
+    assert line["per_seed"] == "+0.250 / +0.400 / +0.350"
+    assert line["difference"] == pytest.approx((0.1 + 0.4 + 0.4 + 0.3 + 0.4) / 5)
+    assert line["p"] == pytest.approx(1 / 32)
+    table = "\n".join(claims_block(claim_verdicts(task_runs(runs), [fitted])))
+    assert "| pairs lost |" in table and "| 1 (fit 0.9) |" in table
+    plain = claim_verdicts(task_runs(runs), [claim("nope", "rope", "mean")]).iloc[0]
+    assert (plain["pairs"], plain["pairs_lost"]) == (6, 0)
+    assert "pairs lost" not in "\n".join(
+        claims_block(claim_verdicts(task_runs(runs), [claim("nope", "rope", "mean")]))
+    )
+
+
 def test_a_claim_without_two_common_seeds_is_named() -> None:
     runs = [r for r in suite() if not (r.encoding == "rope" and r.seed > 0)]
     with pytest.raises(ReportError, match="fewer than 2 seeds"):

@@ -20,8 +20,9 @@ README) with the claims' tables, so that no sentence there gives an ordering ano
   0, would rank by the order of the table). Computed among the five encodings the paper ranks, beside its
   values, and among every encoding that ran every task.
 - Orderings: a claims file (columns `family, row, reference, task, direction, status, registered,
-  statement`: encodings, a task or `mean` over the tasks both ran, `greater` or `less`) states each ordering
-  before its runs. The pairs are the (task, seed) cells the claim covers: the two encodings' runs of one
+  statement`: encodings, a task or `mean` over the tasks both ran, `greater` or `less`; optionally `fit`,
+  issue 58: a (task, seed) pair counts only where both runs reach that exact match at the training lengths,
+  and the table says how many pairs each claim lost so) states each ordering before its runs. The pairs are the (task, seed) cells the claim covers: the two encodings' runs of one
   task and seed saw the same training examples in the same order and are scored on the same test
   examples, and runs of different cells are separate trainings. Each pair's difference is the mean over
   the unseen lengths; the one-sided sign-flip test over the pairs (`posab.report.resampling`: under the
@@ -197,12 +198,15 @@ class TaskClaim:
     status: str
     registered: str
     statement: str
+    fit: float | None = (
+        None  # a (task, seed) pair counts only where both runs reach this at the training lengths
+    )
 
 
 def read_task_claims(path: Path, tasks: Sequence[str]) -> list[TaskClaim]:
     """The claims of a task claims file; a missing column or a value out of its set names its line."""
     claims = []
-    for number, line in claims_file_lines(path, "task claims file", CLAIM_COLUMNS):
+    for number, line in claims_file_lines(path, "task claims file", CLAIM_COLUMNS, ("fit",)):
         where = f"task claims file {path}, line {number}"
         if line["task"] not in (*tasks, MEAN):
             raise ReportError(f"{where}: task {line['task']!r}; valid: {', '.join([*tasks, MEAN])}")
@@ -210,8 +214,23 @@ def read_task_claims(path: Path, tasks: Sequence[str]) -> list[TaskClaim]:
             raise ReportError(f"{where}: direction {line['direction']!r}; valid: greater, less")
         if line["status"] not in STATUSES:
             raise ReportError(f"{where}: status {line['status']!r}; valid: {', '.join(STATUSES)}")
-        claims.append(TaskClaim(**{c: line[c] for c in CLAIM_COLUMNS}))
+        claims.append(
+            TaskClaim(**{c: line[c] for c in CLAIM_COLUMNS}, fit=fit_of(line.get("fit", ""), where))
+        )
     return claims
+
+
+def fit_of(text: str, where: str) -> float | None:
+    """A claim's `fit` (empty: none): the exact match at the training lengths both runs of a pair need."""
+    if not str(text).strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise ReportError(f"{where}: fit {text!r}; valid: empty, or an exact match in [0, 1] (e.g. 0.9)")
+    return value
 
 
 def covered_tasks(found: Sequence[TaskRun], claim: TaskClaim) -> list[str]:
@@ -252,6 +271,24 @@ def paired_lengths(found: Sequence[TaskRun], claim: TaskClaim) -> dict[str, np.n
     return differences
 
 
+def fitting_seeds(found: Sequence[TaskRun], claim: TaskClaim) -> dict[str, np.ndarray]:
+    """Per covered task, a (seeds,) mask over `common_seeds`: True where both runs reach the claim's `fit`
+    at the training lengths (every seed without one)."""
+    runs = {(r.encoding, r.task, r.seed): r for r in found}
+    tasks = covered_tasks(found, claim)
+    seeds = common_seeds(found, claim, tasks)
+    return {
+        task: np.array(
+            [
+                claim.fit is None
+                or min(runs[(e, task, s)].seen for e in (claim.row, claim.reference)) >= claim.fit
+                for s in seeds
+            ]
+        )  # fmt: skip
+        for task in tasks
+    }
+
+
 def bootstrap(differences: dict[str, np.ndarray]) -> tuple[float, float]:
     """95% percentile interval of the mean over tasks of the mean difference: seeds resampled (the same
     draw for every task), lengths resampled within each task."""
@@ -269,28 +306,59 @@ def bootstrap(differences: dict[str, np.ndarray]) -> tuple[float, float]:
 
 
 def claim_verdicts(found: Sequence[TaskRun], claims: Sequence[TaskClaim]) -> pd.DataFrame:
-    """Each claim's difference, per-seed differences, its (task, seed) pairs, one-sided p over them, Holm
-    within its family, interval and verdict."""
+    """Each claim's difference, per-seed differences, its (task, seed) pairs (those where both runs fit,
+    for a claim that states `fit`; `pairs_lost` the others), one-sided p over them, Holm within its
+    family, interval and verdict."""
     lines = []
     for claim in claims:
-        differences = paired_lengths(found, claim)
-        cells = np.stack([values.mean(axis=1) for values in differences.values()])  # (tasks, seeds)
-        per_seed = cells.mean(axis=0)  # (seeds,)
-        low, high = bootstrap(differences)
-        lines.append({
-            "family": claim.family, "row": claim.row, "reference": claim.reference, "task": claim.task,
-            "direction": claim.direction, "difference": float(per_seed.mean()),
-            "per_seed": " / ".join(f"{d:+.3f}" for d in per_seed), "pairs": cells.size, "low": low,
-            "high": high, "p": sign_flip_p(cells.ravel(), claim.direction), "status": claim.status,
-            "registered": claim.registered,
-            "statement": claim.statement,
-        })  # fmt: skip
+        differences, kept = paired_lengths(found, claim), fitting_seeds(found, claim)
+        lines.append(claim_line(claim, differences, kept))
     frame = pd.DataFrame(lines)
     frame["p_holm"] = np.nan
     for _, index in frame.groupby("family", sort=False).groups.items():
         frame.loc[index, "p_holm"] = holm(frame.loc[index, "p"].tolist())
     frame["verdict"] = [claim_verdict(line) for _, line in frame.iterrows()]
     return frame
+
+
+def claim_line(claim: TaskClaim, differences: dict[str, np.ndarray], kept: dict[str, np.ndarray]) -> dict:
+    """One claim's line from its (task, seed) cells: every cell, or those `kept` (both runs fit)."""
+    cells = np.stack([values.mean(axis=1) for values in differences.values()])  # (tasks, seeds)
+    mask = np.stack([kept[task] for task in differences])  # (tasks, seeds)
+    if mask.all():
+        per_seed, (low, high) = cells.mean(axis=0), bootstrap(differences)
+        texts = [f"{d:+.3f}" for d in per_seed]
+    else:
+        counted = np.where(mask, cells, np.nan)
+        per_seed = np.nanmean(counted, axis=0) if mask.any() else np.full(cells.shape[1], np.nan)
+        low, high = bootstrap_cells({t: v[kept[t]] for t, v in differences.items() if kept[t].any()})
+        texts = ["–" if np.isnan(d) else f"{d:+.3f}" for d in per_seed]
+    values = cells[mask]  # the pairs counted, in (task, seed) order
+    difference = float(values.mean()) if values.size else math.nan
+    return {
+        "family": claim.family, "row": claim.row, "reference": claim.reference, "task": claim.task,
+        "direction": claim.direction, "difference": float(np.mean(per_seed)) if mask.all() else difference,
+        "per_seed": " / ".join(texts), "pairs": int(values.size), "low": low, "high": high,
+        "p": sign_flip_p(values, claim.direction) if values.size else 1.0, "status": claim.status,
+        "registered": claim.registered, "statement": claim.statement,
+        "fit": math.nan if claim.fit is None else claim.fit, "pairs_lost": int((~mask).sum()),
+    }  # fmt: skip
+
+
+def bootstrap_cells(differences: dict[str, np.ndarray]) -> tuple[float, float]:
+    """`bootstrap` where the tasks kept different seeds: each task's seeds resampled on their own, and its
+    lengths within it; (nan, nan) without a cell."""
+    if not differences:
+        return math.nan, math.nan
+    rng = np.random.default_rng(0)
+    means = []
+    for values in differences.values():
+        seeds, lengths = values.shape
+        rows = rng.integers(0, seeds, size=(DRAWS, seeds))  # (draws, seeds)
+        columns = rng.integers(0, lengths, size=(DRAWS, lengths))  # (draws, lengths)
+        means.append(values[rows[:, :, None], columns[:, None, :]].mean(axis=(1, 2)))
+    low, high = np.percentile(np.mean(means, axis=0), [2.5, 97.5])
+    return float(low), float(high)
 
 
 def accuracy_figure(found: Sequence[TaskRun]) -> Figure:
@@ -357,7 +425,7 @@ def claims_lines(verdicts: pd.DataFrame) -> list[str]:
             f"Family `{family}`: {len(claims)} claim(s); the least Holm p its pairs allow: {len(claims)} × "
             f"1/{round(1 / least)} = {floor:.4f}.",
             "",
-            *markdown_table(CLAIMS_HEADER, [_claim_cells(line) for _, line in claims.iterrows()]),
+            *claims_table(claims),
             "",
         ]
     return lines
@@ -374,6 +442,18 @@ CLAIMS_HEADER = [
     "Holm",
     "verdict",
 ]
+
+
+def claims_table(claims: pd.DataFrame) -> list[str]:
+    """A family's table; with the pairs each claim lost to its `fit` rule where the family states one."""
+    rows = [_claim_cells(line) for _, line in claims.iterrows()]
+    if "fit" not in claims or claims["fit"].isna().all():
+        return markdown_table(CLAIMS_HEADER, rows)
+    lost = [f"{int(line['pairs_lost'])} (fit {line['fit']:g})" for _, line in claims.iterrows()]
+    header = [*CLAIMS_HEADER[:5], "pairs lost", *CLAIMS_HEADER[5:]]
+    return markdown_table(
+        header, [[*row[:5], extra, *row[5:]] for row, extra in zip(rows, lost, strict=True)]
+    )
 
 
 def _claim_cells(line: pd.Series) -> list[str]:
