@@ -22,16 +22,17 @@ README) with the claims' tables, so that no sentence there gives an ordering ano
 - Orderings: a claims file (columns `family, row, reference, task, direction, status, registered,
   statement`: encodings, a task or `mean` over the tasks both ran, `greater` or `less`; optionally `fit`,
   issue 58: a (task, seed) pair counts only where both runs reach that exact match at the training lengths,
-  and the table says how many pairs each claim lost so) states each ordering before its runs. The pairs are the (task, seed) cells the claim covers: the two encodings' runs of one
-  task and seed saw the same training examples in the same order and are scored on the same test
-  examples, and runs of different cells are separate trainings. Each pair's difference is the mean over
-  the unseen lengths; the one-sided sign-flip test over the pairs (`posab.report.resampling`: under the
-  null the two runs of a cell are exchangeable) gives p, Holm-adjusted within the family; a 95% percentile
-  bootstrap interval of the mean difference over tasks resamples the seeds and, within each task, the
-  test lengths (every run is scored on the same examples at each length). Verdicts as the study's claims
-  (`posab.report.stats.verdict`). A claim on one task has 3 pairs at 3 seeds, whose least p is 1/8; a
-  claim on the `mean` of six tasks has 18, so its least p is far below α (each family's floor is
-  stated). The per-seed column gives the mean over tasks at each seed.
+  and the table says how many pairs each claim lost so) states each ordering before its runs. The pairs are
+  the (task, seed) cells the claim covers: the two encodings' runs of one task and seed saw the same
+  training examples in the same order and are scored on the same test examples, and runs of different cells
+  are separate trainings. Each pair's difference is the mean over the unseen lengths; the one-sided sign-
+  flip test over the pairs (`posab.report.resampling`: under the null the two runs of a cell are
+  exchangeable) gives p, Holm-adjusted within the family; a 95% percentile bootstrap interval of the mean
+  difference over tasks resamples the seeds and, within each task, the test lengths (every run is scored on
+  the same examples at each length). Verdicts as the study's claims (`posab.report.stats.verdict`). A claim
+  on one task has 3 pairs at 3 seeds, whose least p is 1/8; a claim on the `mean` of six tasks has 18, so
+  its least p is far below α (each family's floor is stated). The per-seed column gives the mean over tasks
+  at each seed.
 """
 
 from __future__ import annotations
