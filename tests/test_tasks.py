@@ -19,6 +19,8 @@ from posab.data.tasks import TASKS, TaskExample, TaskStream, TaskTokenizer, Task
 from posab.data.tasks.generators import (
     POOL,
     addition,
+    addition_indexed,
+    addition_reversed,
     copy,
     flip_flop,
     mqar,
@@ -77,6 +79,8 @@ def symbols(text: str) -> list[int]:
         (parity, 3, [[1, 1, 1]], "111", "1"),
         (summation, 3, [[3, 3, 1]], "3+3+1", "7"),
         (summation, 3, [[9, 9, 8]], "9+9+8", "6"),  # 26 mod 10
+        (addition_reversed, 3, [2, 0, 407, 32], "705+24", "945"),  # 507 + 42 = 549, every number reversed
+        (addition_indexed, 3, [2, 0, 407, 32], "c5b0a7+b4a2", "c5b4a9"),  # a marks the units
         # mqar: the keys' permutation (a, b, c first), the values, the order of the queries
         (mqar, 3, [list(range(26)), [3, 7, 1], [2, 0, 1]], "a3b7c1,cab", "137"),
         # flip-flop: the first write's bit, then per middle instruction its kind and (unless a read) its bit
@@ -110,6 +114,21 @@ def check_summation(prompt: str, answer: str, n: int) -> None:
     assert len(values) == n and min(values) >= 1 and answer == str(sum(values) % 10)
 
 
+def check_addition_reversed(prompt: str, answer: str, n: int) -> None:
+    a, b = prompt.split("+")
+    check_addition(f"{a[::-1]}+{b[::-1]}", answer[::-1], n)
+
+
+def check_addition_indexed(prompt: str, answer: str, n: int) -> None:
+    def digits(marked: str) -> str:
+        letters, values = marked[0::2], marked[1::2]
+        assert letters == string.ascii_lowercase[: len(values)][::-1]  # significance, a the units
+        return values
+
+    a, b = prompt.split("+")
+    check_addition(f"{digits(a)}+{digits(b)}", digits(answer), n)
+
+
 def check_mqar(prompt: str, answer: str, n: int) -> None:
     pairs, queries = prompt.split(",")
     table = {pairs[i]: pairs[i + 1] for i in range(0, len(pairs), 2)}
@@ -136,6 +155,8 @@ DEFINITIONS = {  # each task's definition, checked on its examples (a new task: 
     "addition": check_addition,
     "parity": check_parity,
     "summation": check_summation,
+    "addition_reversed": check_addition_reversed,
+    "addition_indexed": check_addition_indexed,
     "mqar": check_mqar,
     "flipflop": check_flip_flop,
 }

@@ -15,6 +15,12 @@ match, as the reference does.
 - parity: n bits -> `0` when the count of 1s is even, `1` when odd (`011` -> `0`). Reference `len_tr8_ts16`,
   answering "Yes" when even.
 - summation: n operands, digits 1-9 -> their sum mod 10 (`3+3+1` -> `7`). Reference `tr8_ts16`, as here.
+- addition_reversed, addition_indexed (issue 58): addition made learnable as the field does at small
+  scale. `addition_reversed` writes the operands and the sum least significant digit first (Lee et al.,
+  ICLR 2024, "Teaching Arithmetic to Small Transformers", reversed output; here the operands too, so that
+  digits of one significance are read in the order they are added: `705+24` -> `945` for 507 + 42 = 549);
+  `addition_indexed` marks each digit with a letter naming its significance (Zhou et al., 2024, "What
+  Algorithms can Transformers Learn?", index hints: `c5b0a7+b4a2` -> `c5b4a9`, a the units), n <= 26.
 - mqar (issue 58): multi-query associative recall (Arora et al., 2023, "Zoology", MQAR; reference
   `HazyResearch/zoology`, `data/associative_recall.py`): n key-value pairs, keys distinct letters, values
   digits, then every key once in a random order; the answer is their values in that order (`a3b7c1,cab` ->
@@ -102,6 +108,23 @@ def summation(rng: np.random.Generator, n: int) -> tuple[str, str]:
     return "+".join(map(str, values)), str(int(values.sum()) % 10)
 
 
+def addition_reversed(rng: np.random.Generator, n: int) -> tuple[str, str]:
+    prompt, answer = addition(rng, n)
+    first, second = prompt.split("+")
+    return f"{first[::-1]}+{second[::-1]}", answer[::-1]
+
+
+def indexed(number: str) -> str:
+    """Each digit after the letter of its significance, a the units: `507` -> `c5b0a7`."""
+    return "".join(string.ascii_lowercase[len(number) - 1 - i] + digit for i, digit in enumerate(number))
+
+
+def addition_indexed(rng: np.random.Generator, n: int) -> tuple[str, str]:
+    prompt, answer = addition(rng, n)
+    first, second = prompt.split("+")
+    return f"{indexed(first)}+{indexed(second)}", indexed(answer)
+
+
 KEYS = string.ascii_lowercase  # mqar's keys: distinct letters
 FLIP_FLOP_IGNORES = {"train": 0.8, "sparse": 0.98, "dense": 0.1}  # p(ignore), Liu et al. (2023), section 3
 
@@ -165,6 +188,8 @@ TASKS = {
         Task("addition", addition, lambda n: 3 * n + 5),  # n + 1 + n digits, a carry: n + 1
         Task("parity", parity, lambda n: n + 4),
         Task("summation", summation, lambda n: 2 * n + 3),  # n digits, n - 1 '+', one digit
+        Task("addition_reversed", addition_reversed, lambda n: 3 * n + 5),  # as addition's
+        Task("addition_indexed", addition_indexed, lambda n: 6 * n + 6, (1, 25)),  # two symbols a digit
         Task("mqar", mqar, lambda n: 4 * n + 4, (1, len(KEYS))),  # 2n pairs, ',', n queries, n values
         Task(
             "flipflop",
