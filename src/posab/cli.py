@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "the algorithmic task suite: accuracy, the NoPE study's ranking, orderings",
     ),
     "budget": ("posab.studies.budget", "the training budget's validation curves"),
+    "task-budgets": (
+        "posab.studies.task_budgets",
+        "each task's budget from the pilot: learned before measured",
+    ),
     "window-documents": ("posab.studies.window_documents", "add each window's document to runs.csv"),
     "audit-backfill": ("posab.run.audit_backfill", "the audit's pull and input novelty for older runs"),
     "compare-runs": ("posab.run.compare", "hold two folders of runs to each other: every number identical"),

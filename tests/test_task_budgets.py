@@ -1,0 +1,74 @@
+"""The task suite's budgets set by learning (`posab task-budgets`, issue 58), hand-worked, and its pilot
+preset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from report_runs import finished_run
+
+from conftest import preset_jobs, typed_config
+from posab.data.tasks import TASKS
+from posab.report.records import RunRecord
+from posab.report.runs_csv import write_csv
+from posab.studies.task_budgets import budgets, main, pilot_frame
+
+
+def pilot_run(encoding: str, task: str, seed: int, steps: int, seen: float) -> RunRecord:
+    config = {"data.task.name": task, "train.steps": str(steps)}
+    metrics = {"task/exact_seen": seen, "task/exact_unseen": 0.0}
+    return finished_run(f"{encoding}-{task}-{seed}-{steps}", encoding, seed, "tasks_pilot", config, metrics)
+
+
+def pilot() -> list[RunRecord]:
+    """copy: NoPE's seed 100 reaches 0.95 only at 2,000 steps, RoPE at 1,000; addition: NoPE never."""
+    seen = {
+        ("nope", "copy", 100, 1000): 0.90, ("nope", "copy", 101, 1000): 0.97,
+        ("nope", "copy", 100, 2000): 0.96, ("nope", "copy", 101, 2000): 0.99,
+        ("rope", "copy", 100, 1000): 0.99, ("rope", "copy", 101, 1000): 0.98,
+        ("rope", "copy", 100, 2000): 0.97, ("rope", "copy", 101, 2000): 1.00,
+        ("nope", "addition", 100, 1000): 0.10, ("nope", "addition", 101, 1000): 0.12,
+        ("nope", "addition", 100, 2000): 0.40, ("nope", "addition", 101, 2000): 0.35,
+        ("rope", "addition", 100, 1000): 0.50, ("rope", "addition", 101, 1000): 0.60,
+        ("rope", "addition", 100, 2000): 0.96, ("rope", "addition", 101, 2000): 0.97,
+    }  # fmt: skip
+    runs = [pilot_run(e, t, s, steps, v) for (e, t, s, steps), v in seen.items()]
+    return [*runs, pilot_run("alibi", "copy", 100, 1000, 0.0)]  # not a reference: not read
+
+
+def test_a_budget_is_the_fewest_steps_at_which_every_reference_learns_on_every_seed() -> None:
+    table = budgets(pilot_frame(pilot(), ["nope", "rope"]), ["nope", "rope"], 0.95).set_index("task")
+    assert table.loc["copy", "budget"] == 2000 and bool(table.loc["copy", "learned"])
+    assert table.loc["copy", "nope@1000"] == 0.90  # the least over seeds
+    assert pd.isna(table.loc["addition", "budget"]) and not table.loc["addition", "learned"]
+    assert table.loc["addition", "cap"] == 2000 and "alibi@1000" not in table.columns
+    assert budgets(pilot_frame(pilot(), ["rope"]), ["rope"], 0.95).set_index("task")["budget"].tolist() == [
+        2000,
+        1000,
+    ]  # addition, copy: RoPE alone
+
+
+def test_the_command_writes_the_budgets_and_names_what_is_left_out(tmp_path: Path) -> None:
+    write_csv(pilot(), tmp_path / "runs.csv")
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "budgets.md").read_text()
+    assert "| copy | 2,000 |" in text and "| addition | not learned within 2,000 |" in text
+    assert "Left out of the aggregate (not learned within the cap): addition." in text
+    assert len(pd.read_csv(tmp_path / "out" / "budgets.csv")) == 2
+    assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--target", "1.5"]) == 2
+    assert main([str(tmp_path), "--out", str(tmp_path / "o"), "--references", "fire"]) == 2
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_the_pilot_runs_the_two_references_on_every_task_at_the_ladder_of_budgets(task: str) -> None:
+    jobs = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks_pilot", [f"task={task}"])]
+    assert {(j["encoding"], j["seed"], j["train.steps"]) for j in jobs} == {
+        (e, s, b) for e in ("nope", "rope") for s in ("100", "101") for b in ("1000", "2000", "4000", "8000")
+    }
+    cfg = typed_config(["+experiment=tasks_pilot", f"task={task}", "train.steps=8000"])
+    assert (
+        cfg.data.task.name == task
+        and cfg.train.seq_len == TASKS[task].tokens(cfg.data.task.train_lengths[1]) - 1
+    )
