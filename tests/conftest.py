@@ -191,6 +191,7 @@ VARIANTS = [
     ("alibi", "model.window=16"),  # and an additive form's
     ("fox", "model.window=16"),  # and the forget gate's own form
     ("fox", "encoding.gate_bias_init=5.0"),  # DataDependentAlibi's gate bias: a slow decay
+    ("t5", "encoding.scale_logits=false"),  # T5's own logits, q . k (issue 58): its queries scaled in rotate
 ]
 CASES = [(name, None) for name in ENCODINGS] + VARIANTS  # every encoding, then the variants
 

@@ -30,12 +30,16 @@ def inputs(encoding: Encoding) -> tuple[Positions, Tensor, Tensor, Tensor]:
 
 
 def hooks_used(encoding: Encoding) -> tuple[bool, bool, Form, Form]:
-    """Whether `embed` and `rotate` change their inputs, the pass's form, and layer 0's form."""
+    """Whether `embed` changes its input and `rotate` more than the logits' scale (q times one number: T5's
+    `scale_logits: false`), the pass's form, and layer 0's form."""
     pos, x, q, k = inputs(encoding)
     with torch.no_grad():
         embeds = not torch.equal(encoding.embed(x, pos), x)
         rotated = encoding.rotate(q, k, pos, 0)
-        rotates = not (torch.equal(rotated[0], q) and torch.equal(rotated[1], k))
+        scale = (rotated[0].flatten() @ q.flatten()) / (q.flatten() @ q.flatten())
+        rotates = not (
+            torch.allclose(rotated[0], scale * q, rtol=1e-6, atol=0) and torch.equal(rotated[1], k)
+        )
         form = encoding.attention_form(pos, LENGTH, torch.float32)
         layer = encoding.layer_form(form, 0, x)
     return embeds, rotates, form, layer
@@ -62,10 +66,12 @@ def behaves_as_declared(encoding: Encoding) -> str:
 
 
 def probed_additive_only(encoding: Encoding) -> bool:
-    """What DAPE decided before kinds were declared: the hooks untouched, the form `Additive` (a structural
-    bias, which needs sentence indices, was refused with its own error then: given flat ones here)."""
-    cls = type(encoding)
-    untouched = all(getattr(cls, h) is getattr(Encoding, h) for h in ("embed", "rotate", "layer_form"))
+    """What DAPE decided before kinds were declared: the hooks untouched (read from what they do, as the
+    class-level probe read them before T5's rotate could scale its logits), the form `Additive` (a
+    structural bias, which needs sentence indices, was refused with its own error then: given flat ones
+    here)."""
+    embeds, rotates, *_ = hooks_used(encoding)  # what the hooks do (T5's rotate scales its logits alone)
+    untouched = not embeds and not rotates and type(encoding).layer_form is Encoding.layer_form
     flat = torch.zeros(1, 2, dtype=torch.long)
     form = encoding.attention_form(Positions.build(2, sentence=flat, paragraph=flat), 2, torch.float32)
     return untouched and isinstance(form, Additive)
@@ -73,8 +79,9 @@ def probed_additive_only(encoding: Encoding) -> bool:
 
 def probed_indexing(encoding: Encoding) -> str | None:
     """What randomized positions decided before kinds were declared, from the hooks and a throwaway form."""
-    cls = type(encoding)
-    untouched = {h: getattr(cls, h) is getattr(Encoding, h) for h in ("embed", "rotate", "layer_form")}
+    embeds, rotates, *_ = hooks_used(encoding)
+    untouched = {"embed": not embeds, "rotate": not rotates}
+    untouched["layer_form"] = type(encoding).layer_form is Encoding.layer_form
     flat = torch.zeros(1, 2, dtype=torch.long)
     form = encoding.attention_form(Positions.build(2, sentence=flat, paragraph=flat), 2, torch.float32)
     if untouched["layer_form"] and type(form) is Causal:

@@ -257,3 +257,22 @@ def test_builds_from_its_yaml_and_trains(name: str) -> None:
 def test_bad_settings_name_the_value(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_model(typed_config(["+experiment=tiny", *override.split()]), VOCAB_SIZE)
+
+
+def test_t5_with_hugging_face_s_initialisation_and_its_own_logits() -> None:
+    """`init: hf`: W ~ N(0, d_model^-1/2), no gain (Hugging Face's T5); `scale_logits: false`: attention's
+    logits are q . k, the queries multiplied by sqrt(d_head) before the model divides by it."""
+    import math
+
+    from posab.encodings.base import Dims, Positions
+    from posab.encodings.t5 import T5Bias
+
+    dims = Dims(d_model=256, n_heads=4)
+    torch.manual_seed(0)
+    hf = T5Bias(dims, init="hf")
+    assert hf.gain == 1.0 and abs(hf.table.std().item() - 256**-0.5) < 0.25 * 256**-0.5
+    q, k = torch.randn(1, 4, 5, 64), torch.randn(1, 4, 5, 64)
+    own = T5Bias(dims, scale_logits=False).rotate(q, k, Positions.build(5))
+    assert torch.equal(own[0], q * math.sqrt(64)) and own[1] is k
+    plain = T5Bias(dims).rotate(q, k, Positions.build(5))
+    assert plain[0] is q and plain[1] is k

@@ -72,3 +72,24 @@ def test_the_pilot_runs_the_two_references_on_every_task_at_the_ladder_of_budget
         cfg.data.task.name == task
         and cfg.train.seq_len == TASKS[task].tokens(cfg.data.task.train_lengths[1]) - 1
     )
+
+
+def test_the_ladder_runs_the_nope_study_s_five_at_three_sizes_and_the_variants_their_own_forms() -> None:
+    jobs = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks_ladder")]
+    assert {(j["encoding"], j["model"], j["task"], j["seed"]) for j in jobs} == {
+        (e, m, t, s)
+        for e in ("nope", "t5", "alibi", "rope", "sinusoidal")
+        for m in ("small", "ladder_3m", "ladder_10m")
+        for t in ("copy", "mqar")
+        for s in ("0", "1", "2")
+    }
+    sizes = [
+        typed_config(["+experiment=tasks_ladder", f"model={m}"]).model for m in ("ladder_3m", "ladder_10m")
+    ]
+    assert [(m.d_model // m.n_heads, m.n_layers) for m in sizes] == [(32, 6), (32, 8)]
+    variants = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks_variants")]
+    assert {(j["encoding"], j.get("encoding.rotary_dim"), j.get("encoding.init")) for j in variants} == {
+        ("rope", "8", None),
+        ("t5", None, "hf"),
+    }
+    assert len(variants) == 12 and all(j["task"] in ("copy", "reverse") for j in variants)
