@@ -93,3 +93,29 @@ def test_the_ladder_runs_the_nope_study_s_five_at_three_sizes_and_the_variants_t
         ("t5", None, "hf"),
     }
     assert len(variants) == 12 and all(j["task"] in ("copy", "reverse") for j in variants)
+
+
+def test_a_task_no_reference_learned_leaves_the_suite_s_aggregate(tmp_path: Path) -> None:
+    """`posab tasks --budgets`: parity, not learned in the pilot, is left out of the MRR with its reason; a
+    budgets file without one of the suite's tasks is an error."""
+    from test_report_tasks import suite
+
+    from posab.studies.tasks import main as tasks_main
+
+    write_csv(suite(), tmp_path / "runs.csv")
+    budgets_file = tmp_path / "budgets.csv"
+    pd.DataFrame(
+        [
+            {"task": "copy", "budget": 1000, "learned": True, "cap": 8000},
+            {"task": "parity", "budget": None, "learned": False, "cap": 8000},
+        ]  # fmt: skip
+    ).to_csv(budgets_file, index=False)
+    out = tmp_path / "out"
+    assert tasks_main([str(tmp_path), "--out", str(out), "--budgets", str(budgets_file)]) == 0
+    text = (out / "tasks.md").read_text()
+    assert "Left out of the aggregate: parity: not learned by the references within 8,000 steps" in text
+    assert "| nope | 1.000 | 0.687 |" in text  # copy alone: NoPE first at every seed
+    pd.DataFrame([{"task": "copy", "budget": 1000, "learned": True, "cap": 8000}]).to_csv(
+        budgets_file, index=False
+    )
+    assert tasks_main([str(tmp_path), "--out", str(out), "--budgets", str(budgets_file)]) == 2

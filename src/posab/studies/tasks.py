@@ -512,8 +512,29 @@ def report_lines(frame: pd.DataFrame, mrr_text: Sequence[str], figure: str) -> l
     ]
 
 
+def unlearned_tasks(path: Path, tasks: Sequence[str]) -> dict[str, str]:
+    """The tasks a budgets file (`posab task-budgets`'s budgets.csv) says no budget taught the references,
+    each with its reason; a task of the suite it does not list is an error naming it."""
+    try:
+        table = pd.read_csv(path)
+    except (OSError, ValueError) as err:
+        raise ReportError(f"budgets file {path}: unreadable ({err}); `posab task-budgets` writes it") from err
+    missing = sorted(set(tasks) - set(table["task"]))
+    if missing:
+        raise ReportError(f"budgets file {path}: no budget for task(s) {missing}; run the pilot on them")
+    return {
+        line["task"]: f"not learned by the references within {int(line['cap']):,} steps (the pilot's rule)"
+        for _, line in table.iterrows()
+        if line["task"] in tasks and not bool(line["learned"])
+    }
+
+
 def write_tasks_report(
-    paths: Sequence[Path], out: Path, claims_path: Path | None, readings: Sequence[Path] = ()
+    paths: Sequence[Path],
+    out: Path,
+    claims_path: Path | None,
+    readings: Sequence[Path] = (),
+    budgets_path: Path | None = None,
 ) -> Path:
     """Every file of the report into `out`; with `readings`, their claims blocks rewritten. Everything is
     computed, and each reading checked for its block, before anything is written."""
@@ -524,7 +545,11 @@ def write_tasks_report(
     frame = frame_of(found)
     tasks = sorted(frame["task"].unique())
     verdicts, texts = tested_claims(found, tasks, claims_path, readings) if claims_path else (None, {})
-    mrr_text, mrr_table = mrr_lines(frame)
+    left_out = unlearned_tasks(budgets_path, tasks) if budgets_path else {}
+    mrr_text, mrr_table = mrr_lines(frame[~frame["task"].isin(left_out)])
+    if left_out:
+        reasons = [f"{task}: {why}" for task, why in left_out.items()]
+        mrr_text = [*mrr_text, "", f"Left out of the aggregate: {'; '.join(reasons)}."]
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "tasks.csv", index=False)
     write_csv([r for r in runs if r.finished and TASK in r.config], out / "runs.csv")
@@ -560,9 +585,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "with --claims: Markdown files whose task claims block to rewrite (README.md, "
         "results/tasks/README.md)",
     )
+    parser.add_argument(
+        "--budgets",
+        type=Path,
+        help="the pilot's budgets.csv (`posab task-budgets`): tasks no reference learned leave the aggregate",
+    )
     args = parser.parse_args(argv)
     try:
-        path = write_tasks_report(args.paths, args.out, args.claims, args.write)
+        path = write_tasks_report(args.paths, args.out, args.claims, args.write, args.budgets)
     except (ReportError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
