@@ -52,6 +52,9 @@ def test_tuning_script_writes_the_table_and_picks(tmp_path: Path, capsys: pytest
     text = (tmp_path / "out" / "tuning.md").read_text()
     assert "| multiscale | 1.9000 | — | 1.7000 | 1.6500 | 1.6000 | 0.006 (edge) | 10 | 1.6000 |" in text
     assert "encoding: alibi" in capsys.readouterr().out
+    # the edge picks, flagged, each with the rate one step past it (the grid's ratio: sqrt(6) = 2.449)
+    assert "2 of 3 picks sit at an edge of the grid searched" in text
+    assert "- multiscale: picked 0.006; add 0.0147" in text and "- t5: picked 0.001; add 0.000408" in text
     assert (tmp_path / "out" / "picks.csv").read_text().count("\n") == 4  # header + 3 encodings
     assert "](tuning.png)" in text
     assert (tmp_path / "out" / "tuning.png").read_bytes().startswith(b"\x89PNG")

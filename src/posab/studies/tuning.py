@@ -9,7 +9,8 @@ the valid split, the same for every run). A task suite's runs (`data.task.name`)
 (encoding, lr, lr_mult): the mean of the losses (on answer tokens of the valid split's fixed examples) over
 the tasks the encoding was tuned on. Per encoding: the lr with the lowest loss among the runs at lr_mult 1,
 then the lr_mult with the lowest loss among the runs at that lr. A pick at the edge of the grid searched is
-flagged: the best rate may lie beyond it. Writes tuning.md (every point, the picks), picks.csv and
+flagged, with the rate one log-spaced step past it that extends the grid (issue 58): the best rate may lie
+beyond it. Writes tuning.md (every point, the picks), picks.csv and
 tuning.png (loss against lr per encoding); the picks are printed as the Hydra grid lines of a study that
 runs each encoding at them.
 """
@@ -119,6 +120,33 @@ def grid_lines(chosen: Sequence[Pick], seeds: str = "0,1,2") -> list[str]:
     return lines
 
 
+def extension(frame: pd.DataFrame, pick: Pick) -> list[float]:
+    """For a pick at an edge of its grid, the rate one log-spaced step past it (the grid's mean ratio
+    between neighbours), so that the extended grid has a rate beyond the pick on both sides (issue 58);
+    nothing for an interior pick."""
+    grid = sorted(frame.loc[(frame["encoding"] == pick.encoding) & (frame["lr_mult"] == 1.0), "lr"].unique())
+    if not pick.edge or len(grid) < 2:
+        return []
+    ratio = (grid[-1] / grid[0]) ** (1 / (len(grid) - 1))
+    return [float(f"{pick.lr / ratio:.3g}")] if pick.lr == grid[0] else [float(f"{pick.lr * ratio:.3g}")]
+
+
+def extension_lines(frame: pd.DataFrame, chosen: Sequence[Pick]) -> list[str]:
+    """The picks still at an edge, flagged, each with the rate that extends its grid past it."""
+    flagged = [(pick, extension(frame, pick)) for pick in chosen if pick.edge]
+    if not flagged:
+        return ["Every pick is interior to its grid."]
+    lines = [
+        f"{len(flagged)} of {len(chosen)} picks sit at an edge of the grid searched: the best rate may lie "
+        "beyond it. Extend the grid (log-spaced) with:",
+        "",
+    ]
+    lines += [
+        f"- {p.encoding}: picked {p.lr:g}; add {', '.join(f'{r:g}' for r in rates)}" for p, rates in flagged
+    ]
+    return lines
+
+
 def tuning_figure(frame: pd.DataFrame, chosen: Sequence[Pick]) -> Figure:
     """Final validation loss against lr (log scale), a line per encoding at lr_mult 1; runs at another
     lr_mult as open squares; each encoding's pick circled."""
@@ -172,6 +200,8 @@ def write_tuning(paths: Sequence[Path], out: Path) -> tuple[Path, list[Pick]]:
         (__doc__ or "").split("\n\n")[2].strip(),
         "",
         *tuning_lines(frame, chosen),
+        "",
+        *extension_lines(frame, chosen),
         "",
         f"![final validation loss against learning rate]({figure.name})",
         "",
