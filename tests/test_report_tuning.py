@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from report_runs import finished_run
 
@@ -89,3 +90,30 @@ def test_a_task_suite_picks_on_the_mean_over_the_tasks_an_encoding_was_tuned_on(
     assert chosen["nope"].lr == 1e-3 and chosen["nope"].val_loss == pytest.approx(0.60)
     assert chosen["hierarchical"].lr == 3e-3 and chosen["hierarchical"].val_loss == pytest.approx(0.2)
     assert len(frame) == 9 and "task" not in frame.columns  # one line per (encoding, lr, lr_mult)
+
+
+def test_a_family_is_tuned_on_its_own_tasks(tmp_path: Path) -> None:
+    """`--family`: the picks of a task suite's runs on one family's tasks alone (copy: sequence; addition:
+    arithmetic); a family no task has is named."""
+    runs = []
+    for task, best in (("copy", 3e-3), ("addition", 1e-3)):
+        for lr in (1e-3, 3e-3, 6e-3):
+            config = {"train.lr": str(lr), "data.task.name": task, "data.task.train_lengths": "[1, 8]"}
+            loss = 1.0 + abs(lr - best) * 100
+            runs.append(finished_run(f"nope-{task}-{lr}", "nope", 0, "tune", config, {"val_loss": loss}))
+    write_csv(runs, tmp_path / "runs.csv")
+    assert main([str(tmp_path), "--out", str(tmp_path / "seq"), "--family", "sequence"]) == 0
+    assert main([str(tmp_path), "--out", str(tmp_path / "ari"), "--family", "arithmetic"]) == 0
+    lrs = [float(pd.read_csv(tmp_path / f / "picks.csv")["lr"].iloc[0]) for f in ("seq", "ari")]
+    assert lrs == [3e-3, 1e-3]
+    assert main([str(tmp_path), "--out", str(tmp_path / "x"), "--family", "poetry"]) == 2
+
+
+def test_the_family_tuning_grid_reaches_past_the_old_edge_on_each_family_s_task() -> None:
+    from conftest import preset_jobs
+    from posab.data.tasks import TASKS
+
+    jobs = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks_tune_families")]
+    assert {float(j["train.lr"]) for j in jobs} == {2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3}
+    assert {TASKS[j["task"]].family for j in jobs} == {"sequence", "arithmetic", "recall", "state"}
+    assert {j["seed"] for j in jobs} == {"200"} and len(jobs) == 19 * 5 * 4

@@ -1,5 +1,5 @@
-"""Equal tuning of a study (the reference study's part 2): each encoding's learning rate and, for an
-encoding with parameters, the multiplier of its own group's learning rate, picked on the validation loss.
+"""Equal tuning of a study (the reference study's part 2): each encoding's learning rate and, for an encoding
+with parameters, the multiplier of its own group's learning rate, picked on the validation loss.
 
     posab tuning outputs/multirun/SWEEP [DIR ...] --out results/NAME
 
@@ -10,9 +10,10 @@ the valid split, the same for every run). A task suite's runs (`data.task.name`)
 the tasks the encoding was tuned on. Per encoding: the lr with the lowest loss among the runs at lr_mult 1,
 then the lr_mult with the lowest loss among the runs at that lr. A pick at the edge of the grid searched is
 flagged, with the rate one log-spaced step past it that extends the grid (issue 58): the best rate may lie
-beyond it. Writes tuning.md (every point, the picks), picks.csv and
-tuning.png (loss against lr per encoding); the picks are printed as the Hydra grid lines of a study that
-runs each encoding at them.
+beyond it. `--family NAME` picks on one task family's runs alone (`Task.family`: sequence, arithmetic,
+recall, state), so that each family is tuned on its own tasks (issue 58). Writes tuning.md (every point, the
+picks), picks.csv and tuning.png (loss against lr per encoding); the picks are printed as the Hydra grid
+lines of a study that runs each encoding at them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from posab.data.tasks import TASKS
 from posab.plots import new_figure, save_figure
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
@@ -188,8 +190,19 @@ def plot_tuning(frame: pd.DataFrame, chosen: Sequence[Pick], path: Path) -> Path
     return save_figure(tuning_figure(frame, chosen), path)
 
 
-def write_tuning(paths: Sequence[Path], out: Path) -> tuple[Path, list[Pick]]:
-    frame = points(collect_runs(paths))
+def family_runs(runs: Sequence[RunRecord], family: str | None) -> list[RunRecord]:
+    """The runs of the tasks of one task family (`Task.family`), or every run without a family."""
+    if family is None:
+        return list(runs)
+    tasks = {name for name, task in TASKS.items() if task.family == family}
+    if not tasks:
+        families = sorted({task.family for task in TASKS.values()})
+        raise ReportError(f"--family {family!r}: no task has it; families: {', '.join(families)}")
+    return [r for r in runs if r.config.get(TASK) in tasks]
+
+
+def write_tuning(paths: Sequence[Path], out: Path, family: str | None = None) -> tuple[Path, list[Pick]]:
+    frame = points(family_runs(collect_runs(paths), family))
     chosen = picks(frame)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame([vars(p) for p in chosen]).to_csv(out / "picks.csv", index=False)
@@ -221,9 +234,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="posab tuning", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, help="run/sweep directories, or report folders")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument(
+        "--family",
+        help="a task suite's runs: pick on one task family's tasks alone (issue 58: sequence, ...)",
+    )
     args = parser.parse_args(argv)
     try:
-        path, chosen = write_tuning(args.paths, args.out)
+        path, chosen = write_tuning(args.paths, args.out, args.family)
     except ReportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -165,6 +165,7 @@ class Task:
     tokens: Callable[[int], int]  # n -> the most tokens an instance of length n has
     lengths: tuple[int, int | None] = (1, None)  # the instance lengths it can make: [low, high or no bound]
     tests: dict[str, Generator] = field(default_factory=dict)
+    family: str = "sequence"  # the tasks tuned together (issue 58): sequence, arithmetic, recall, state
 
     def example(self, rng: np.random.Generator, n: int, test: str | None = None) -> TaskExample:
         """An example of length n, by the task's generator or by its test distribution `test`."""
@@ -185,18 +186,23 @@ TASKS = {
         Task("copy", copy, lambda n: 2 * n + 3),
         Task("reverse", reverse, lambda n: 2 * n + 3),
         Task("sort", sort, lambda n: 2 * n + 3),
-        Task("addition", addition, lambda n: 3 * n + 5),  # n + 1 + n digits, a carry: n + 1
-        Task("parity", parity, lambda n: n + 4),
-        Task("summation", summation, lambda n: 2 * n + 3),  # n digits, n - 1 '+', one digit
-        Task("addition_reversed", addition_reversed, lambda n: 3 * n + 5),  # as addition's
-        Task("addition_indexed", addition_indexed, lambda n: 6 * n + 6, (1, 25)),  # two symbols a digit
-        Task("mqar", mqar, lambda n: 4 * n + 4, (1, len(KEYS))),  # 2n pairs, ',', n queries, n values
+        Task("addition", addition, lambda n: 3 * n + 5, family="arithmetic"),  # n + 1 + n digits, a carry
+        Task("parity", parity, lambda n: n + 4, family="arithmetic"),
+        Task(
+            "summation", summation, lambda n: 2 * n + 3, family="arithmetic"
+        ),  # n digits, n - 1 '+', a digit
+        Task(
+            "addition_reversed", addition_reversed, lambda n: 3 * n + 5, family="arithmetic"
+        ),  # as addition's
+        Task("addition_indexed", addition_indexed, lambda n: 6 * n + 6, (1, 25), family="arithmetic"),
+        Task("mqar", mqar, lambda n: 4 * n + 4, (1, len(KEYS)), family="recall"),  # 2n pairs, ',', n, n
         Task(
             "flipflop",
             flip_flop(FLIP_FLOP_IGNORES["train"]),
             lambda n: 2 * n + 3,  # 2n - 1 symbols, one bit
             (2, None),
             {name: flip_flop(p) for name, p in FLIP_FLOP_IGNORES.items() if name != "train"},
+            family="state",
         ),
     )
 }
