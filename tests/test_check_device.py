@@ -121,7 +121,10 @@ def test_cuda_without_a_gpu_is_named(capsys: pytest.CaptureFixture[str]) -> None
         (["--device", "tpu"], "--device 'tpu' is not a device name; valid here: cpu"),
         (["--device", "meta"], "--device meta: no such device on this machine; valid here: cpu"),
         (["--encodings", "rope,ropee"], "--encodings: unknown ['ropee']; valid: alibi, "),
-        (["--model", "huge"], "--model 'huge': no conf/model/huge.yaml; valid: medium, small, tiny"),
+        (
+            ["--model", "huge"],
+            "--model 'huge': no conf/model/huge.yaml; valid: ladder_10m, ladder_3m, medium, small, tiny",
+        ),
     ],
 )
 def test_bad_arguments_are_named(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
