@@ -68,12 +68,10 @@ from posab.report.stats import ALPHA
 from posab.report.styles import encoding_colours, shared_colour_styles
 from posab.studies.claims import STATUSES, claims_file_lines
 from posab.studies.readings import add_write_argument, replace_block
-from posab.studies.task_errors import error_lines, heatmap_figure
+from posab.studies.task_errors import PAPER_FIVE, TASK, TRAIN_LENGTHS, error_lines, heatmap_figure
 from posab.studies.verdicts import claim_verdict
 
-TASK, TRAIN_LENGTHS = "data.task.name", "data.task.train_lengths"
 UNSEEN, SEEN = metric_key("exact_unseen"), metric_key("exact_seen")
-PAPER_FIVE = ("nope", "t5", "alibi", "rope", "sinusoidal")  # the NoPE study's encodings (APE: sinusoidal)
 # the reference's printed MRR over its 17 dataset-splits, no scratchpad (plot_aggregate_final.ipynb)
 PAPER_MRR = {"nope": 0.687, "t5": 0.549, "alibi": 0.502, "rope": 0.330, "sinusoidal": 0.215}
 MEAN = "mean"  # a claim over the mean of the tasks both encodings ran
