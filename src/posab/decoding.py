@@ -110,12 +110,11 @@ def generate(
         indices = prompt_indices(prompt, structure, sentence, paragraph)
         cache = KVCache()
         logits = prefill(model, cache, prompt, indices, offset, prefill_block)  # (B, V)
+        banned = torch.tensor(list(suppress), dtype=torch.long, device=logits.device)  # (S,), once
         chosen = []
         for step in range(steps):
-            if suppress:
-                logits = logits.index_fill(
-                    -1, torch.tensor(list(suppress), device=logits.device), float("-inf")
-                )
+            if len(banned):
+                logits = logits.index_fill(-1, banned, float("-inf"))
             token = choose_next(logits, temperature, top_k, generator)  # (B, 1)
             chosen.append(token)
             new = next_indices(token, structure)
