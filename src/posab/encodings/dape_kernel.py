@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from posab.forms import Additive, Form, compute_dtype, without_autocast
 from posab.forms.base import key_offset
-from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads, explicit_forward
+from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads, Workspace, explicit_forward
 
 
 class PairMLP(Protocol):
@@ -61,12 +61,20 @@ class MixedChunk:
 
 
 def mixed_chunk(
-    q: Tensor, k: Tensor, mask: Tensor | None, mixer: PairMLP, start: int, end: int
+    q: Tensor,
+    k: Tensor,
+    mask: Tensor | None,
+    mixer: PairMLP,
+    start: int,
+    end: int,
+    space: Workspace | None = None,
 ) -> MixedChunk:
     """DAPE's scores of query rows start:end over the keys they see, 0 .. n - c + end - 1 (`stop`). The bias
     is the mask with its causal part set to 0 (the reference's tril), the causal mask is applied after f.
     f runs in the scores' dtype under any autocast: autocast would run its bmm in bf16 in the forward pass
-    while the backward pass, outside autocast, recomputes it in float32 against the forward's log-sum-exp."""
+    while the backward pass, outside autocast, recomputes it in float32 against the forward's log-sum-exp.
+    f's hidden layer lives in `space`'s buffer "activation" when the kernel gives one (inside its autograd
+    function); a tensor of its own otherwise, which autograd may differentiate (the form's `scores`)."""
     with without_autocast(q.device):
         offset = key_offset(q, k)
         stop = offset + end
@@ -82,7 +90,8 @@ def mixed_chunk(
         w1, b1 = mixer.first.weight.to(dtype), mixer.first.bias.to(dtype)
         # the bias's half of f's first layer, with b1: (1|B, W, c*n)
         from_bias = torch.baddbmm(b1[None, :, None], batched(w1[:, heads:], bias.shape[0]), bias)
-        hidden = torch.bmm(batched(w1[:, :heads], batch), logits).add_(from_bias)  # (B, W, c*n)
+        kept = None if space is None else space.take("activation", (batch, w1.shape[0]), pairs, logits)
+        hidden = torch.bmm(batched(w1[:, :heads], batch), logits, out=kept).add_(from_bias)  # (B, W, c*n)
         activation = F.leaky_relu_(hidden, mixer.slope)
         w2, b2 = mixer.second.weight.to(dtype), mixer.second.bias.to(dtype)
         scores = torch.bmm(batched(w2, batch), activation)  # (B, H, c*n)
@@ -125,6 +134,7 @@ class Mixing(Kernel):
         self.mask, self.mixer = mask, mixer
         self.grads: MixedGrads | None = None
         self.weights: tuple[Tensor, Tensor] | None = None  # W1, W2 in the scores' dtype
+        self.space: Workspace | None = None  # the chunks' buffers during a pass
 
     def operand_dtype(self, q: Tensor) -> torch.dtype:
         return compute_dtype(q)
@@ -134,18 +144,22 @@ class Mixing(Kernel):
         return self.mask, mixer.first.weight, mixer.first.bias, mixer.second.weight, mixer.second.bias
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        return explicit_forward(self, q, k, v)
+        self.space = Workspace(self.chunk * k.shape[-2])
+        out = explicit_forward(self, q, k, v)
+        self.space = None
+        return out
 
     def scores(self, q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
-        return mixed_scores(q, k, self.mask, self.mixer, start, end)
+        return mixed_chunk(q, k, self.mask, self.mixer, start, end, self.space).scores
 
     def begin_backward(self, q: Tensor, k: Tensor, needed: Sequence[bool]) -> None:
         dtype = compute_dtype(q)
         self.grads = MixedGrads.zeros(self.mask if needed[0] else None, self.mixer, dtype, q.device)
         self.weights = self.mixer.first.weight.to(dtype), self.mixer.second.weight.to(dtype)
+        self.space = Workspace(self.chunk * k.shape[-2])
 
     def probabilities(self, q: Tensor, k: Tensor, lse: Tensor, start: int, end: int) -> tuple[Tensor, Any]:
-        chunk = mixed_chunk(q, k, self.mask, self.mixer, start, end)
+        chunk = mixed_chunk(q, k, self.mask, self.mixer, start, end, self.space)
         return chunk.scores.sub_(lse[..., None]).exp_(), chunk  # P: (B, H, c, stop)
 
     def score_backward(
@@ -153,7 +167,7 @@ class Mixing(Kernel):
     ) -> LogitGrads:
         (batch, heads, rows, stop), (w1, w2) = d_scores.shape, self.weights
         flat = d_scores.view(batch, heads, -1)  # (B, H, c, stop) -> (B, H, c*stop)
-        d_logits, d_bias = self.grads.add_mlp(chunk, flat, w1, w2, self.mixer.slope)
+        d_logits, d_bias = self.grads.add_mlp(chunk, flat, (w1, w2), self.mixer.slope, self.space)
         d_logits = d_logits.mul_(1.0 / math.sqrt(q.shape[-1])).view_as(d_scores)  # dA / sqrt(D)
         if self.grads.mask is not None:
             d_bias = d_bias.view(-1, heads, rows, stop)  # (1|B, H, c*stop) -> (1|B, H, c, stop)
@@ -161,6 +175,7 @@ class Mixing(Kernel):
         return LogitGrads(d_logits, scaled=True)
 
     def input_grads(self) -> tuple[Tensor | None, ...]:
+        self.space = None
         return self.grads.cast(self.mask, self.mixer)
 
 
@@ -183,17 +198,26 @@ class MixedGrads:
         return MixedGrads(None if mask is None else zero(mask), *map(zero, layers))
 
     def add_mlp(
-        self, chunk: MixedChunk, d_scores: Tensor, w1: Tensor, w2: Tensor, slope: float
+        self,
+        chunk: MixedChunk,
+        d_scores: Tensor,
+        weights: tuple[Tensor, Tensor],
+        slope: float,
+        space: Workspace,
     ) -> tuple[Tensor, Tensor]:
         """Accumulate f's weight gradients from dS (B, H, c*n), and return the gradients with respect to
         the logits, dA = dS + W1_A^T dH (B, H, c*n), and to the bias, dB = dS + W1_B^T dH (1|B, H, c*n),
         summed over the batch when the bias is shared."""
-        batch, heads = d_scores.shape[:2]
+        (batch, heads, pairs), (w1, w2) = d_scores.shape, weights
         self.w2 += torch.bmm(d_scores, chunk.activation.transpose(1, 2)).sum(0)  # (B, H, W) -> (H, W)
         self.b2 += d_scores.sum((0, 2))
-        d_activation = torch.bmm(batched(w2.t(), batch), d_scores)  # (B, W, c*n)
+        d_activation = space.take("d_activation", (batch, w1.shape[0]), pairs, d_scores)  # (B, W, c*n)
+        torch.bmm(batched(w2.t(), batch), d_scores, out=d_activation)
         # dH = dg * g'(H) from g(H) itself (its sign is H's): aten's fused LeakyReLU backward
-        d_hidden = torch.ops.aten.leaky_relu_backward(d_activation, chunk.activation, slope, True)
+        d_hidden = space.take("d_hidden", (batch, w1.shape[0]), pairs, d_scores)  # (B, W, c*n)
+        torch.ops.aten.leaky_relu_backward.grad_input(
+            d_activation, chunk.activation, slope, True, grad_input=d_hidden
+        )
         self.w1[:, :heads] += torch.bmm(d_hidden, chunk.logits.transpose(1, 2)).sum(0)  # (B, W, H) -> (W, H)
         d_logits = torch.baddbmm(d_scores, batched(w1[:, :heads].t(), batch), d_hidden)  # (B, H, c*n)
         if chunk.bias.shape[0] == 1:  # a shared bias: its terms summed over the batch first

@@ -39,9 +39,10 @@ from torch import Tensor, nn
 
 from posab.cache import EncodingState, LayerCache
 from posab.encodings.base import INIT_STD, Dims, Encoding, Kind, Positions
-from posab.encodings.fox_kernel import Forgetting, ForgettingPass, Scratch
+from posab.encodings.fox_kernel import Forgetting, ForgettingPass
 from posab.errors import ConfigError
 from posab.forms import Form, compute_dtype
+from posab.forms.chunked import Workspace
 
 
 @dataclass
@@ -72,7 +73,7 @@ class FoX(Encoding):
                 nn.init.constant_(gate.bias, gate_bias_init)
 
     def attention_form(self, pos: Positions, queries: int, dtype: torch.dtype) -> ForgettingPass:
-        """Causal attention, and the buffer the layers' CPU forward passes share (`fox_kernel.Scratch`)."""
+        """Causal attention, and the buffer the layers' CPU forward passes share (a `Workspace`)."""
         return ForgettingPass(self.dims.window)
 
     def log_gates(self, layer: int, x: Tensor) -> Tensor:
@@ -94,7 +95,7 @@ class FoX(Encoding):
             if sums.cum is not None:
                 cum = torch.cat([sums.cum, cum + sums.cum[..., -1:]], dim=-1)  # (B, H, n)
             sums.cum = cum
-        scratch = form.scratch if isinstance(form, ForgettingPass) else Scratch()
+        scratch = form.scratch if isinstance(form, ForgettingPass) else Workspace()
         return Forgetting(cum, x.shape[1], self.dims.window, scratch)
 
     @torch.no_grad()

@@ -10,7 +10,7 @@ every path forms c_i - c_j from c's float32 sums (float64 for float64 inputs) an
   causal mask, which skips the future keys. The core's backward recomputes P per QUERY_CHUNK rows from the
   saved log-sum-exp, and dc_j = -sum_i dS_ij (the column sums of dS; the row sums vanish: sum_j dS_ij =
   sum_j P_ij dP_ij - rowsum(dO * O) = 0). No (B, H, L, L) gradient is formed; the forward's rows of D
-  live in one buffer per forward pass (`Scratch`), the backward's one chunk at a time.
+  live in one buffer per forward pass (a `Workspace`), the backward's one chunk at a time.
 - Elsewhere, FlexAttention reads c_i - c_j from c inside the kernel (float32; its backward carries the
   gradient into the captured c); SDPA with the whole mask where FlexAttention does not run (other devices,
   attention dropout), its difference rounded to the attention dtype as a whole.
@@ -29,7 +29,7 @@ from torch import Tensor
 from posab.forms import QUERY_CHUNK, Causal, Form, block_causal, compute_dtype
 from posab.forms.accelerated import ScoreMod, flex, flex_runs_on, sdpa
 from posab.forms.base import key_offset, logits
-from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads
+from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads, Workspace
 
 FORWARD_CHUNK = 512  # query rows per flash call of the forward pass: the whole window at the training length
 # exp's vectorised CPU kernel takes a slow path below ~-87 (denormal or zero results): 20x slower there,
@@ -64,36 +64,17 @@ def masked(rows: Tensor, window: int | None = None) -> Tensor:
     return rows.add_(block_causal(queries, stop, rows.device, window).to(rows.dtype))
 
 
-def rows_buffer(cum: Tensor, rows: int, dtype: torch.dtype) -> Tensor:
-    """A flat buffer for `decay_rows` of up to `rows` query rows over all n keys: (B * H * rows * n,)."""
-    return torch.empty(math.prod(cum.shape) * rows, dtype=dtype, device=cum.device)
-
-
-class Scratch:
-    """One flat buffer for the forward pass's rows of D, shared by the layers of one forward pass (held by
-    its `ForgettingPass`, freed with it): at the training length a layer's rows are its whole (B, H, L, L)
-    window (64 MiB at B = 16, H = 4, L = 512), above glibc's largest mmap threshold (32 MiB), so a fresh
-    buffer in every layer costs its page faults each time (the forward measured 2.3x NoPE's so, 1.6x with
-    one buffer, on 2 shared cores). The CPU kernel is synchronous and never keeps the rows past its flash
-    call (the backward recomputes them), so every layer may write into it in turn."""
-
-    def __init__(self) -> None:
-        self.buffer: Tensor | None = None
-
-    def take(self, cum: Tensor, rows: int, dtype: torch.dtype) -> Tensor:
-        """A flat buffer as `rows_buffer`'s, the kept one when it is large enough."""
-        kept, size = self.buffer, math.prod(cum.shape) * rows
-        if kept is None or kept.numel() < size or kept.dtype != dtype or kept.device != cum.device:
-            self.buffer = kept = rows_buffer(cum, rows, dtype)
-        return kept
-
-
 @dataclass(eq=False)
 class ForgettingPass(Causal):
     """FoX's form for a forward pass: causal attention (no layer attends with it: `FoX.layer_form` gives
-    each layer its decay bias) and the `Scratch` its layers share, freed when the pass ends."""
+    each layer its decay bias) and the `Workspace` its layers share, freed when the pass ends. At the training
+    length a layer's rows of D are its whole (B, H, L, L) window (64 MiB at B = 16, H = 4, L = 512), above
+    glibc's largest mmap threshold (32 MiB), so a fresh buffer in every layer costs its page faults each
+    time (the forward measured 2.3x NoPE's so, 1.6x with one buffer, on 2 shared cores). The CPU kernel is
+    synchronous and never keeps the rows past its flash call (the backward recomputes them), so every layer
+    may write into it in turn."""
 
-    scratch: Scratch = field(default_factory=Scratch)
+    scratch: Workspace = field(default_factory=Workspace)
 
 
 def forward_rows(cum: Tensor, queries: int) -> int:
@@ -105,7 +86,7 @@ def forward_rows(cum: Tensor, queries: int) -> int:
 
 
 def forgetting_forward(
-    q: Tensor, k: Tensor, v: Tensor, cum: Tensor, window: int | None, scratch: Scratch
+    q: Tensor, k: Tensor, v: Tensor, cum: Tensor, window: int | None, scratch: Workspace
 ) -> tuple[Tensor, Tensor]:
     """softmax(q k^T / sqrt(D) + c_i - c_j + causal) V over query chunks on the CPU (queries: the last c of
     the n keys): the output (B, H, c, D) and every row's log-sum-exp (B, H, c). A chunk of rows 0:end over
@@ -114,7 +95,7 @@ def forgetting_forward(
     out = torch.empty(q.shape, dtype=v.dtype, device=v.device)  # (B, H, c, D)
     lse = torch.empty(q.shape[:3], dtype=compute_dtype(q), device=q.device)  # (B, H, c)
     chunk = forward_rows(cum, queries)
-    buffer = scratch.take(cum, chunk, cum.dtype)
+    buffer = scratch.take("rows", cum.shape[:2], chunk * cum.shape[-1], cum).view(-1)  # (B * H * c * n,)
     for start in range(0, queries, chunk):
         end = min(queries, start + chunk)
         stop, square = offset + end, offset + start == 0 and window is None
@@ -135,7 +116,7 @@ class Forgetful(Kernel):
 
     chunk = QUERY_CHUNK
 
-    def __init__(self, cum: Tensor, window: int | None, scratch: Scratch) -> None:
+    def __init__(self, cum: Tensor, window: int | None, scratch: Workspace) -> None:
         self.cum, self.window, self.scratch = cum, window, scratch
         self.d_cum: Tensor | None = None
         self.rows_of: Tensor | None = None
@@ -151,7 +132,8 @@ class Forgetful(Kernel):
         dtype = compute_dtype(q)
         self.d_cum = torch.zeros(self.cum.shape, dtype=dtype, device=self.cum.device) if needed[0] else None
         self.rows_of = self.cum.to(dtype)
-        self.buffer = rows_buffer(self.rows_of, min(q.shape[-2], QUERY_CHUNK), dtype)
+        rows, keys = min(q.shape[-2], self.chunk), self.rows_of.shape[-1]
+        self.buffer = Workspace().take("rows", self.rows_of.shape[:2], rows * keys, self.rows_of).view(-1)
 
     def probabilities(self, q: Tensor, k: Tensor, lse: Tensor, start: int, end: int) -> tuple[Tensor, Any]:
         """P = exp(D + q k^T / sqrt(d) - lse), floored at EXP_FLOOR before the causal mask, so that future
@@ -174,7 +156,7 @@ class Forgetful(Kernel):
 
 
 def forgetting_attention(
-    q: Tensor, k: Tensor, v: Tensor, cum: Tensor, window: int | None, scratch: Scratch
+    q: Tensor, k: Tensor, v: Tensor, cum: Tensor, window: int | None, scratch: Workspace
 ) -> Tensor:
     """`Forgetful` on the chunked core: (B, H, c, D)."""
     kernel = Forgetful(cum, window, scratch)
@@ -202,9 +184,8 @@ class Forgetting(Form):
     cum: Tensor
     queries: int
     window: int | None = None  # sliding-window attention (`Causal`): keys more than window - 1 back masked
-    scratch: Scratch = field(
-        default_factory=Scratch
-    )  # the CPU forward's buffer (the pass's, `ForgettingPass`)
+    # the CPU forward's buffer (the pass's, `ForgettingPass`)
+    scratch: Workspace = field(default_factory=Workspace)
 
     def mask(self, dtype: torch.dtype) -> Tensor:
         """The whole (B, H, c, n) bias plus the causal mask, differences in float32, then in `dtype`."""

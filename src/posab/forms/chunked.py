@@ -81,6 +81,30 @@ class Kernel(ABC):
         """After the chunks: the gradients of `inputs()` (None where not needed), in their dtypes."""
 
 
+class Workspace:
+    """Flat buffers that the chunks of a pass (or the layers of one forward pass) reuse. A chunk's tensors
+    are megabytes (DAPE's f: 16 MB at B = 16 and 16 query rows over 512 keys; FoX's rows of D: 64 MB for a
+    whole 512-token window), and a fresh one each time pays the allocator's page faults each time (about
+    2.5 ms per 16 MB on the 2-core Xeon; results/bench/issue57_refactor.md). Buffer `name` is kept while it
+    is large enough, else allocated again for `capacity` (query, key) pairs per leading index, or for the
+    request if it is larger: a pass whose chunks grow gives the capacity of its largest, and allocates
+    once."""
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = capacity
+        self.buffers: dict[str, Tensor] = {}
+
+    def take(self, name: str, leading: tuple[int, ...], pairs: int, like: Tensor) -> Tensor:
+        """Buffer `name` as a contiguous (*leading, pairs) tensor in `like`'s dtype and device; its
+        contents are whatever was last written there."""
+        size, kept = math.prod(leading), self.buffers.get(name)
+        fits = kept is not None and kept.numel() >= size * pairs
+        if not fits or (kept.dtype, kept.device) != (like.dtype, like.device):
+            kept = torch.empty(size * max(pairs, self.capacity), dtype=like.dtype, device=like.device)
+            self.buffers[name] = kept
+        return kept[: size * pairs].view(*leading, pairs)
+
+
 def explicit_forward(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """softmax(S) V by chunks of `kernel.chunk` query rows, S from `kernel.scores(q, k, start, end)` (the
     queries: the last c of the n keys), for kernels without a fused forward: the output (B, H, c, D) in v's
