@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import importlib
 import importlib.util
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import posab
 from conftest import ENCODINGS, isolated_env, tiny_model
 from posab.bench.bias import BIASED, skip_note
+from posab.bench.chunks import CHUNK_ROWS, KERNEL_RUNS, TOLERANCE
 from posab.bench.inputs import document_structure
 from posab.bench.kernels import kernel_facts
 from posab.bench.measure import peak_memory
@@ -22,6 +26,7 @@ from posab.bench.settings import Settings
 from posab.bench.targets import GOALS, Goal, Target, evaluate
 from posab.encodings import Positions
 from posab.encodings.reference import all_pairs_reference
+from posab.forms.chunked import Kernel
 from tolerances import EPS32, assert_close_to_scale
 
 QUICK_LENGTHS = [64, 128]
@@ -129,6 +134,46 @@ def test_flops_section_and_report(bench_dir: Path) -> None:
         assert heading in report
     verdicts = [r["verdict"] for r in read_csv(bench_dir / "targets.csv")]
     assert verdicts and all(v == "met" or v.startswith("missed by") for v in verdicts)
+
+
+@pytest.mark.e2e
+def test_chunk_section_times_every_kernel_at_every_chunk(bench_dir: Path) -> None:
+    rows = read_csv(bench_dir / "section7_chunks.csv")
+    cells = {(r["kernel"], int(r["rows"])) for r in rows}
+    assert cells == {(k.__name__, n) for k in KERNEL_RUNS for n in CHUNK_ROWS}
+    for kernel in KERNEL_RUNS:
+        ratios = [float(r["ratio_to_fastest"]) for r in rows if r["kernel"] == kernel.__name__]
+        assert min(ratios) == 1.0 and all(ratio >= 1.0 for ratio in ratios), kernel
+
+
+def kernels_in_posab() -> set[type[Kernel]]:
+    """Every `Kernel` subclass that posab's own modules define (every module but the entry point imported
+    first)."""
+    for module in pkgutil.walk_packages(posab.__path__, "posab."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+    found, todo = set(), [Kernel]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("posab."):
+                found.add(sub)
+    return found
+
+
+def test_every_kernel_on_the_chunked_core_is_in_the_chunk_sweep() -> None:
+    assert kernels_in_posab() == set(KERNEL_RUNS)
+
+
+def test_every_kernels_chunk_obeys_the_committed_chunk_sweep() -> None:
+    """The chunk rule (`posab.bench.chunks`): each kernel's declared chunk is within the tolerance of the
+    fastest in the committed full run's section 7."""
+    rows = read_csv(Path(__file__).parents[1] / FULL_OUT / "section7_chunks.csv")
+    for kernel in KERNEL_RUNS:
+        ours = [r for r in rows if r["kernel"] == kernel.__name__]
+        measured = {int(r["rows"]): float(r["ratio_to_fastest"]) for r in ours}
+        assert set(measured) == set(CHUNK_ROWS), kernel
+        assert measured[kernel.chunk] <= 1 + TOLERANCE, (kernel, kernel.chunk, measured)
 
 
 CASES = [(name, []) for name in BIASED] + [("hierarchical", ["encoding.combine=sum"])]

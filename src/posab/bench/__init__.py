@@ -1,6 +1,6 @@
 """Performance benchmark: bias construction, training steps, evaluation, a peer library, FLOP/s.
 
-    posab bench [--quick] [--out DIR] [--sections 1,2,3,4,5,6] [--repeats N] [--threads N]
+    posab bench [--quick] [--out DIR] [--sections 1,2,3,4,5,6,7] [--repeats N] [--threads N]
                             [--no-progress]
 
 Sections (sizes from the composed config: the default model, train.seq_len x train.batch_size, and
@@ -22,6 +22,9 @@ eval.lengths; `--quick` swaps in the tiny model, L=64, batch 2 and lengths 64, 1
    torch's CPU capability and oneDNN's primitive, in bench.md's machine table). (`flops.py`)
 6. Where a training step goes: `torch.profiler` operators by self CPU time per step, for nope, rope,
    alibi, hierarchical and x-transformers' rotary model; whole tables in profile_<case>.txt. (`profile.py`)
+7. The chunked core's chunk size: the training step of each kernel's encoding with its chunk of query rows
+   set to 8, 16, 32, 64 and 128, interleaved; ratio to the kernel's fastest, and whether its declared chunk
+   is within the rule's tolerance. (`chunks.py`)
 
 `posab bench decoding` (`decoding.py`, its own options; results/bench/decoding/) times cached decoding
 against a full forward pass per token for every encoding, with the cache's memory and the logits' agreement.

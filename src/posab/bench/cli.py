@@ -1,4 +1,4 @@
-"""The benchmark's command line: `posab bench [--quick] [--out DIR] [--sections 1,2,3,4,5,6]
+"""The benchmark's command line: `posab bench [--quick] [--out DIR] [--sections 1,2,3,4,5,6,7]
 [--repeats N] [--threads N] [--no-progress]` (see `posab.bench`), and `posab bench decoding ...`, cached
 decoding against the full forward pass (`posab.bench.decoding`, its own options and folder)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from posab.bench import bias, decoding, eval_forward, flops, output, peer, profile, train_step
+from posab.bench import bias, chunks, decoding, eval_forward, flops, output, peer, profile, train_step
 from posab.bench.progress import Progress
 from posab.bench.settings import Settings, positive
 from posab.bench.targets import evaluate
@@ -25,6 +25,7 @@ SECTIONS: dict[int, Callable[[Settings, Progress], output.Result]] = {
     4: peer.section,
     5: flops.section,
     6: profile.section,
+    7: chunks.section,
 }
 
 
