@@ -4,6 +4,7 @@
 # of two commits, alternated BEFORE, AFTER, BEFORE, AFTER so that drift on the machine falls on both alike.
 # Run it on a quiet machine (nothing else on the cores; pause long jobs: kill -STOP / -CONT their pids):
 #   bash scripts/step_ratios.sh dabfca3 HEAD OUT [REPEATS]     # REPEATS: 15 (a rerun agrees at 15)
+#   ENCODINGS=nope,alibi,xpos bash scripts/step_ratios.sh ...  # a rerun of some encodings (NoPE among them)
 # Each round's section-2 table lands in OUT/<round>_<commit>/ (section2_train_step.csv, bench.md).
 set -euo pipefail
 before=$1
@@ -20,6 +21,6 @@ done
 for round in a b; do
   for commit in "$before" "$after"; do
     (cd "$scratch/$commit" && PYTHONPATH="$scratch/$commit/src" "$python" -m posab bench --sections 2 \
-      --repeats "$repeats" --no-progress --out "$out/${round}_$commit")
+      --repeats "$repeats" --no-progress --out "$out/${round}_$commit" ${ENCODINGS:+--encodings "$ENCODINGS"})
   done
 done

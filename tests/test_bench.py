@@ -168,7 +168,7 @@ def test_every_kernel_on_the_chunked_core_is_in_the_chunk_sweep() -> None:
 def test_every_kernels_chunk_obeys_the_committed_chunk_sweep() -> None:
     """The chunk rule (`posab.bench.chunks`): each kernel's declared chunk is within the tolerance of the
     fastest in the committed full run's section 7."""
-    rows = read_csv(Path(__file__).parents[1] / FULL_OUT / "section7_chunks.csv")
+    rows = read_csv(Path(__file__).parents[1] / FULL_OUT / "chunks" / "section7_chunks.csv")
     for kernel in KERNEL_RUNS:
         ours = [r for r in rows if r["kernel"] == kernel.__name__]
         measured = {int(r["rows"]): float(r["ratio_to_fastest"]) for r in ours}

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from posab.forms.base import compute_dtype, key_offset
-from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads, explicit_forward
+from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads, Workspace, explicit_forward
 
 
 class Squashed(Kernel):
@@ -85,3 +85,17 @@ def test_a_new_kernel_on_the_core_matches_autograd_through_all_pairs(queries: in
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_workspace_allocates_once_for_its_largest_chunk_and_reuses_it() -> None:
+    like = torch.zeros(1)
+    space = Workspace(capacity=12)
+    small = space.take("rows", (2, 3), 4, like)  # a first chunk of 4 pairs: allocated for 12
+    assert small.shape == (2, 3, 4) and small.is_contiguous()
+    large = space.take("rows", (2, 3), 12, like)
+    assert large.data_ptr() == small.data_ptr()  # the same storage: no allocation per chunk
+    other = space.take("other", (2, 3), 12, like)
+    assert other.data_ptr() != large.data_ptr()  # each name its own buffer
+    grown = space.take("rows", (2, 3), 20, like)  # past the capacity: a buffer of the request's size
+    assert grown.shape == (2, 3, 20) and grown.data_ptr() != large.data_ptr()
+    assert space.take("rows", (2, 3), 20, like.double()).dtype == torch.float64  # a dtype of its own

@@ -6,8 +6,9 @@ a power of two in CHUNK_ROWS whose training step, at the default training shape 
 encoding in KERNEL_RUNS, timed interleaved with every other kernel's and chunk's step), is within TOLERANCE
 of the fastest one's. The tolerance keeps a chunk that a rerun cannot tell from the fastest: the chunk
 fixes the order in which dk and dv sum over chunks, so changing it changes every committed number of the
-kernel's runs. tests/test_bench.py holds every kernel's `chunk` to the committed table
-(results/bench/section7_chunks.csv) and every `Kernel` subclass to a row of KERNEL_RUNS.
+kernel's runs. tests/test_bench.py holds every kernel's `chunk` to the committed table,
+results/bench/chunks/section7_chunks.csv (`posab bench --sections 7 --repeats 15 --out
+results/bench/chunks`, on a quiet machine), and every `Kernel` subclass to a row of KERNEL_RUNS.
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ QUICK_OUT = Path("outputs/bench_quick")  # a quick run's scratch folder: never t
 
 METHOD = """\
 - Time: wall time (`time.perf_counter`), the median of the timed runs after the warm-up runs; runs that
-  are compared (section 1: the two methods; section 2: all encodings; section 4: both libraries) are
-  interleaved round-robin, so that a change in machine load hits all of them alike.
+  are compared (section 1: the two methods; section 2: all encodings; section 4: both libraries;
+  section 7: every kernel at every chunk) are interleaved round-robin, so that a change in machine load
+  hits all of them alike.
 - Training step (sections 2, 4, 5): `posab.training.Trainer.step` itself, as training takes it (a batch
   drawn by the run's sampler, forward under autocast, backward, gradient clipping, AdamW, the schedule),
   on a synthetic split of random tokens with sentences and paragraphs; x-transformers' model goes through

@@ -28,8 +28,8 @@ from posab.forms import Form, compute_dtype, without_autocast
 from posab.forms.base import key_offset
 from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads, explicit_forward
 
-COUNT_CHUNK = 32  # queries per chunk: the fastest training step (L=512, B=16, bf16 autocast, CPU time on 1
-# thread, the default model): 16: 2.68x NoPE, 32: 2.59x, 64: 2.96x, 128: 3.81x
+COUNT_CHUNK = 32  # queries per chunk, by the chunked core's rule, measured in bench section 7
+# (`posab.bench.chunks`; results/bench/chunks: 1.024x the fastest, 16 rows)
 
 
 @dataclass

@@ -30,8 +30,8 @@ class PairMLP(Protocol):
     slope: float  # the LeakyReLU's negative slope
 
 
-MIX_CHUNK = 16  # queries per chunk of `mixed_attention`: measured fastest on 2 CPU cores at L=512, B=16
-# (one layer forward and backward, f channels first: 16: 0.83 s, 32: 0.97 s; f channels last at 32: 1.40 s)
+MIX_CHUNK = 16  # queries per chunk of `mixed_attention`, by the chunked core's rule, measured in bench
+# section 7 (`posab.bench.chunks`; results/bench/chunks: the fastest); f channels first (channels last: 1.4x)
 
 
 def future_keys(start: int, end: int, device: torch.device, offset: int = 0) -> Tensor:

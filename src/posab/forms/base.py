@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-QUERY_CHUNK = 64  # measured fastest on 2 CPU cores at L=512 (64: 0.081 s, 128: 0.086 s, 256: 0.117 s)
+QUERY_CHUNK = 64  # query rows per chunk: the additive and FoX kernels' (and explicit softmaxes'), by the
+# chunked core's rule, measured in bench section 7 (`posab.bench.chunks`; results/bench/chunks: 1.000x and
+# 1.035x the fastest)
 
 
 def compute_dtype(q: Tensor) -> torch.dtype:
