@@ -67,6 +67,14 @@ def suite() -> list[RunRecord]:
     return runs
 
 
+def test_coupled_runs_are_rows_of_their_own() -> None:
+    """A run with coupled positions (issue 58) is its task's `@coupled` row, beside the sequential one."""
+    coupled = task_run("rope", "copy", 0, [0.9] * 4)
+    coupled.config["data.task.positions"] = "coupled"
+    frame = frame_of(task_runs([task_run("rope", "copy", 0, [0.5] * 4), coupled]))
+    assert sorted(frame["task"]) == ["copy", "copy@coupled"]
+
+
 def test_the_frame_has_one_line_per_run_and_refuses_duplicates() -> None:
     frame = frame_of(task_runs(suite()))
     assert len(frame) == 24 and set(frame.columns) == {

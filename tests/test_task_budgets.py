@@ -93,6 +93,11 @@ def test_the_ladder_runs_the_nope_study_s_five_at_three_sizes_and_the_variants_t
         ("t5", None, "hf"),
     }
     assert len(variants) == 12 and all(j["task"] in ("copy", "reverse") for j in variants)
+    coupling = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks_coupling")]
+    rows = {(j["encoding"], j.get("data.task.positions", "sequential")) for j in coupling}
+    readers = {(e, p) for e in ("sinusoidal", "learned", "rope") for p in ("sequential", "coupled")}
+    assert rows == readers | {("nope", "sequential")} and len(coupling) == 21
+    assert all(j["task"] == "addition_padded" for j in coupling)
 
 
 def test_a_task_no_reference_learned_leaves_the_suite_s_aggregate(tmp_path: Path) -> None:

@@ -129,6 +129,13 @@ def check_addition_indexed(prompt: str, answer: str, n: int) -> None:
     check_addition(f"{digits(a)}+{digits(b)}", digits(answer), n)
 
 
+def check_addition_padded(prompt: str, answer: str, n: int) -> None:
+    a, b = prompt.split("+")
+    assert len(a) == len(b) == n and len(answer) == n + 1  # zero-padded: one layout per n
+    assert max(len(str(int(a))), len(str(int(b)))) == n  # the longer operand has n digits, as addition's
+    assert int(answer[::-1]) == int(a) + int(b)  # the sum, least significant digit first
+
+
 def check_mqar(prompt: str, answer: str, n: int) -> None:
     pairs, queries = prompt.split(",")
     table = {pairs[i]: pairs[i + 1] for i in range(0, len(pairs), 2)}
@@ -157,6 +164,7 @@ DEFINITIONS = {  # each task's definition, checked on its examples (a new task: 
     "summation": check_summation,
     "addition_reversed": check_addition_reversed,
     "addition_indexed": check_addition_indexed,
+    "addition_padded": check_addition_padded,
     "mqar": check_mqar,
     "flipflop": check_flip_flop,
 }

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from posab.config import Config
 from posab.encodings import Dims, build_encoding
+from posab.encodings.base import READS_POSITIONS, reads_given_positions
+from posab.errors import require
 from posab.evaluate import enabled_evaluators
 from posab.model import DecoderLM
 
@@ -13,8 +15,10 @@ def max_positions(cfg: Config) -> int:
     what each enabled evaluator declares (`Evaluator.positions`) and a task's longest test example."""
     train_len = cfg.train.seq_len
     declared = [e.positions(cfg.eval, train_len) for e in enabled_evaluators(cfg.eval)]
-    if cfg.data.source == "task":  # a task's test examples, decoded to their EOS
-        declared.append(cfg.data.task.test_positions)
+    if cfg.data.source == "task":  # a task's test examples, decoded to their EOS; its coupled positions
+        task = cfg.data.task
+        declared.append(task.test_positions)
+        declared += [task.max_position + 1] if task.positions == "coupled" and task.max_position else []
     return max([train_len + 1, *(n + 1 for n in cfg.eval.lengths), *declared])
 
 
@@ -32,8 +36,17 @@ def model_dims(cfg: Config) -> Dims:
 
 
 def build_model(cfg: Config, vocab_size: int) -> DecoderLM:
-    """The run's model."""
-    return DecoderLM(cfg.model, vocab_size, build_encoding(cfg.encoding, model_dims(cfg)))
+    """The run's model; a ConfigError where the run's task gives positions its encoding cannot read."""
+    encoding = build_encoding(cfg.encoding, model_dims(cfg))
+    if cfg.data.source == "task" and cfg.data.task.positions == "coupled":
+        require(
+            reads_given_positions(encoding),
+            f"data.task.positions=coupled with encoding={encoding_name(cfg)} (a {encoding.kind} encoding, "
+            f"acting {encoding.kind.acts}): coupled positions reach an encoding that reads each token's own "
+            f"position (kinds {', '.join(READS_POSITIONS)}: sinusoidal, learned, rope, xpos); use one of "
+            "those, or data.task.positions=sequential",
+        )
+    return DecoderLM(cfg.model, vocab_size, encoding)
 
 
 def encoding_name(cfg: Config) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -63,23 +64,30 @@ def prefill(
     indices: Indices = (None, None),
     offset: int = 0,
     block: int | None = None,
+    positions: Tensor | None = None,
 ) -> Tensor:
-    """Add the prompt `tokens` (B, T), from position `offset`, to an empty `cache`, in one call or in blocks
-    of `block` tokens; returns the logits of its last token (B, V)."""
+    """Add the prompt `tokens` (B, T), from position `offset` (or at `positions`, (T,) or longer), to an
+    empty `cache`, in one call or in blocks of `block` tokens; returns the logits of its last token (B, V)."""
     sentence, paragraph = indices
     length = tokens.shape[1]
     step = length if block is None else block
     logits = tokens.new_empty(0)
     for start in range(0, length, step):
-        part = slice(start, start + step)
+        part = slice(start, min(length, start + step))
         logits = model(
             tokens[:, part],
             None if sentence is None else sentence[:, part],
             None if paragraph is None else paragraph[:, part],
-            offset=offset if start == 0 else None,
             cache=cache,
+            **placed(part, offset if start == 0 else None, positions),
         )
     return logits[:, -1]
+
+
+def placed(part: slice, offset: int | None, positions: Tensor | None) -> dict[str, Any]:
+    """Where the model reads the tokens `part` of a sequence: `offset` (None: after the cache's last), or
+    their entries of the sequence's `positions`."""
+    return {"offset": offset} if positions is None else {"positions": positions[part]}
 
 
 @torch.inference_mode()
@@ -97,6 +105,7 @@ def generate(
     offset: int = 0,
     prefill_block: int | None = None,
     suppress: Sequence[int] = (),
+    positions: Tensor | None = None,
 ) -> Tensor:
     """Continue `prompt` (B, T) by `steps` tokens with cached decoding: returns the new ids (B, steps).
 
@@ -104,12 +113,14 @@ def generate(
     `sentence`, `paragraph` (B, T) when given, seeded into the trackers, else the trackers' replay of it);
     without it no token has indices (every encoding but the hierarchical one). `offset`: the prompt's first
     position. `suppress`: ids never chosen (their logits set to -inf first: the task evaluator's oracle-length
-    reading suppresses EOS). The model runs in eval mode (its mode is restored after)."""
-    check_request(prompt, steps, temperature, top_k, offset, prefill_block)
+    reading suppresses EOS). `positions`: (T + steps - 1,) or longer, the position of every token the model
+    reads, shared by the batch, instead of `offset` (a task's coupled positions). The model runs in eval
+    mode (its mode is restored after)."""
+    check_request(prompt, steps, temperature, top_k, offset, prefill_block, positions)
     with evaluating(model), model.encoding.planned_positions(offset + prompt.shape[1] + steps):
         indices = prompt_indices(prompt, structure, sentence, paragraph)
         cache = KVCache()
-        logits = prefill(model, cache, prompt, indices, offset, prefill_block)  # (B, V)
+        logits = prefill(model, cache, prompt, indices, offset, prefill_block, positions)  # (B, V)
         banned = torch.tensor(list(suppress), dtype=torch.long, device=logits.device)  # (S,), once
         chosen = []
         for step in range(steps):
@@ -119,7 +130,9 @@ def generate(
             chosen.append(token)
             new = next_indices(token, structure)
             if step + 1 < steps:
-                logits = model(token, *new, cache=cache)[:, -1]  # (B, 1, V) -> (B, V)
+                read = prompt.shape[1] + step  # the new token's place in the sequence
+                where = placed(slice(read, read + 1), None, positions)
+                logits = model(token, *new, cache=cache, **where)[:, -1]  # (B, 1, V) -> (B, V)
         return torch.cat(chosen, dim=1)  # (B, steps)
 
 
@@ -133,15 +146,17 @@ def step_by_step_full(
     sentence: Tensor | None = None,
     paragraph: Tensor | None = None,
     offset: int = 0,
+    positions: Tensor | None = None,
 ) -> Tensor:
     """Greedy decoding without a cache, the reference: each step a full forward pass over the prompt and
     every token so far; returns the new ids (B, steps). Arguments as `generate`'s."""
-    check_request(prompt, steps, 0.0, None, offset, None)
+    check_request(prompt, steps, 0.0, None, offset, None, positions)
     with evaluating(model), model.encoding.planned_positions(offset + prompt.shape[1] + steps):
         tokens = prompt
         sentence, paragraph = prompt_indices(prompt, structure, sentence, paragraph)
         for _ in range(steps):
-            logits = model(tokens, sentence, paragraph, offset=offset)[:, -1]  # (B, T, V) -> (B, V)
+            where = placed(slice(0, tokens.shape[1]), offset, positions)
+            logits = model(tokens, sentence, paragraph, **where)[:, -1]  # (B, T, V) -> (B, V)
             token = choose_next(logits)  # (B, 1)
             tokens = torch.cat([tokens, token], dim=1)  # (B, n + 1)
             new_sentence, new_paragraph = next_indices(token, structure)
@@ -155,7 +170,13 @@ def joined(old: Tensor | None, new: Tensor | None) -> Tensor | None:
 
 
 def check_request(
-    prompt: Tensor, steps: int, temperature: float, top_k: int | None, offset: int, block: int | None
+    prompt: Tensor,
+    steps: int,
+    temperature: float,
+    top_k: int | None,
+    offset: int,
+    block: int | None,
+    positions: Tensor | None = None,
 ) -> None:
     """A ConfigError for a request that cannot be decoded."""
     require(
@@ -167,6 +188,13 @@ def check_request(
     require(top_k is None or top_k >= 1, f"top_k={top_k}: use a positive number, or None for all")
     require(offset >= 0, f"offset={offset}: positions start at 0 or later")
     require(block is None or block >= 1, f"prefill_block={block}: use a positive number, or None")
+    if positions is not None:
+        read = prompt.shape[1] + steps - 1  # the prompt and every token but the last the model writes
+        require(offset == 0, f"offset={offset} with positions given: the positions say where each token is")
+        require(
+            positions.dim() == 1 and positions.shape[0] >= read,
+            f"positions of shape {tuple(positions.shape)}: give (T + steps - 1,) = ({read},) or longer",
+        )
 
 
 def prompt_indices(

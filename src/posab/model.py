@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from posab.cache import KVCache, LayerCache
 from posab.encodings import INIT_STD, Encoding, Positions
+from posab.encodings.base import READS_POSITIONS, reads_given_positions
 from posab.errors import ConfigError, require, require_positive
 from posab.forms import AttentionInputs, Form
 
@@ -162,14 +163,15 @@ class DecoderLM(nn.Module):
         offset: int | None = None,
         observe: Observer | None = None,
         cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """tokens, sentence, paragraph: (B, c) -> logits (B, c, V). `offset`: the position of the first token
         (default 0, or with a non-empty `cache` the position after its last token); `observe` is called by
         every layer, in order, with the inputs of its attention (`AttentionInputs`); with a `cache` the
-        tokens follow the cached ones and are added to it (cached decoding)."""
-        pos = Positions.build(
-            tokens.shape[1], tokens.device, self._offset(offset, cache), sentence, paragraph
-        )
+        tokens follow the cached ones and are added to it (cached decoding). `positions`: (c,) the tokens'
+        positions, shared by the batch, instead of an offset (a task's coupled positions; encodings that
+        read each token's position: `reads_given_positions`)."""
+        pos = self._positions(tokens, sentence, paragraph, offset, cache, positions)
         x = self.encoding.embed(self.embed(tokens), pos)  # (B, c, C)
         keys = pos if cache is None else cache.keys_for(pos)
         layer = LayerContext(self.encoding, pos, self._form(keys, pos.length, attention_dtype(x)), observe)
@@ -178,6 +180,35 @@ class DecoderLM(nn.Module):
         if cache is not None:
             cache.positions = keys
         return self.head(self.norm(x))
+
+    def _positions(
+        self,
+        tokens: Tensor,
+        sentence: Tensor | None,
+        paragraph: Tensor | None,
+        offset: int | None,
+        cache: KVCache | None,
+        given: Tensor | None,
+    ) -> Positions:
+        """The positions of `tokens` (`forward`): offset + arange(c), or `given`."""
+        if given is None:
+            start = self._offset(offset, cache)
+            return Positions.build(tokens.shape[1], tokens.device, start, sentence, paragraph)
+        name = type(self.encoding).__name__
+        require(
+            reads_given_positions(self.encoding),
+            f"positions given to a {name} model ({self.encoding.kind} encoding): only encodings that read "
+            f"each token's own position take them (kinds {', '.join(READS_POSITIONS)}, not wrapped: "
+            "sinusoidal, learned, rope, xpos)",
+        )
+        require(offset is None, f"offset={offset} with positions given: give one of them")
+        require(
+            given.shape == tokens.shape[1:],
+            f"positions of shape {tuple(given.shape)} for {tokens.shape[1]} tokens: give one per token, (c,)",
+        )
+        token, host = given.to(tokens.device), given.cpu()
+        first, largest = int(host[0]), int(host.max())
+        return Positions(token=token, first=first, sentence=sentence, paragraph=paragraph, largest=largest)
 
     @staticmethod
     def _offset(offset: int | None, cache: KVCache | None) -> int:

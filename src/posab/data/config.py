@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from posab.data.tasks import task_named
+from posab.data.tasks import TASKS, Task, task_named
 from posab.errors import require
 
 SOURCES = ("synthetic", "text", "hub", "task")
+POSITION_OPTIONS = ("sequential", "coupled")  # data.task.positions
 TOKENIZERS = ("bytes", "bpe")
 
 
@@ -32,6 +33,8 @@ class TaskConfig:
     seq_len: int = 42  # the longest training sequence in tokens (train.seq_len): checked against the task
     valid_examples: int = 256  # the validation loss's fixed examples (train lengths, their own seed)
     seed: int = 0  # the examples' generator; the run's `seed` draws which training examples it sees
+    positions: str = "sequential"  # sequential | coupled (position coupling: the task's `Task.coupled`)
+    max_position: int | None = None  # coupled: a training batch's positions are shifted to at most this
 
     def validate(self) -> None:
         for name in ("train_lengths", "test_lengths"):
@@ -44,11 +47,34 @@ class TaskConfig:
         task = task_named(self.name)
         task.check_lengths(*self.train_lengths, "data.task.train_lengths")
         task.check_lengths(*self.test_lengths, "data.task.test_lengths")
+        self.validate_positions(task)
         longest = task.tokens(self.train_lengths[1]) - 1
         require(
             self.seq_len == longest,
             f"data.task.seq_len={self.seq_len}: task {self.name}'s longest training example at instance "
             f"length {self.train_lengths[1]} has {longest} inputs; use {longest}",
+        )
+
+    def validate_positions(self, task: Task) -> None:
+        """`positions` and `max_position`: coupled needs a task that defines its coupling, and room for the
+        longest test instance (its positions reach n + 2 from the first start, 1)."""
+        require(
+            self.positions in POSITION_OPTIONS,
+            f"data.task.positions={self.positions!r}: use one of {', '.join(POSITION_OPTIONS)}",
+        )
+        if self.positions == "sequential":
+            return
+        coupling = [name for name, other in TASKS.items() if other.coupled is not None]
+        require(
+            task.coupled is not None,
+            f"data.task.positions=coupled: task {self.name} defines no position coupling; tasks that do: "
+            f"{', '.join(coupling)}",
+        )
+        least = self.test_lengths[1] + 2
+        require(
+            self.max_position is not None and self.max_position >= least,
+            f"data.task.max_position={self.max_position}: coupled positions of the longest test instance "
+            f"(n = {self.test_lengths[1]}) reach {least}; use an integer >= {least}",
         )
 
     @property

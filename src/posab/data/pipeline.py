@@ -67,10 +67,13 @@ def task_data(cfg: TaskConfig) -> CorpusData:
     """A task's three splits (`posab.data.tasks.stream`) and its tokenizer; `cache_dir` only names it."""
     task = task_named(cfg.name)
     train, test = tuple(cfg.train_lengths), tuple(cfg.test_lengths)
+    limit = cfg.max_position if cfg.positions == "coupled" else None  # coupled positions, or sequential
     streams = {
-        "train": TaskStream(task, "train", train, cfg.seed, TRAIN_INDICES),
-        "valid": TaskStream(task, "valid", train, cfg.seed, cfg.valid_examples),
-        "test": TaskStream(task, "test", test, cfg.seed, TRAIN_INDICES, train_lengths=train),
+        "train": TaskStream(task, "train", train, cfg.seed, TRAIN_INDICES, max_position=limit),
+        "valid": TaskStream(task, "valid", train, cfg.seed, cfg.valid_examples, max_position=limit),
+        "test": TaskStream(
+            task, "test", test, cfg.seed, TRAIN_INDICES, train_lengths=train, max_position=limit
+        ),
     }
     return CorpusData(TaskTokenizer(), streams, Path(f"task-{cfg.name}"))  # type: ignore[arg-type]
 

@@ -30,7 +30,8 @@ class Batch:
     """inputs, targets, sentence, paragraph: (B, T) int64 tensors; key_mask: (B, T) bool, True at the
     targets that are a passkey's digits (passkey examples), or None when no row is one; loss_mask: (B, T)
     bool, True at the targets the loss scores (a task's answer tokens: `posab.data.tasks`), or None when
-    it scores every target (text)."""
+    it scores every target (text); positions: (T,) the inputs' positions, shared by every row (a task's
+    coupled positions: `posab.data.tasks`), or None for 0 .. T - 1."""
 
     inputs: Tensor
     targets: Tensor
@@ -38,6 +39,7 @@ class Batch:
     paragraph: Tensor
     key_mask: Tensor | None = None
     loss_mask: Tensor | None = None
+    positions: Tensor | None = None
 
     def masks(self) -> tuple[Tensor, Tensor]:
         """The key and loss masks made explicit: (no key, every target scored) where they are None."""
@@ -61,14 +63,19 @@ class Batch:
             *tensors[:4],
             key_mask=tensors[4] if has_keys else None,
             loss_mask=tensors[5] if has_loss else None,
+            positions=self.positions,
         )
 
     def to(self, device: torch.device | str) -> Batch:
-        moved = [t.to(device, non_blocking=True) for t in self.tensors()]
-        return self.with_tensors(moved, [self])
+        moved = self.with_tensors([t.to(device, non_blocking=True) for t in self.tensors()], [self])
+        moved.positions = None if self.positions is None else self.positions.to(device, non_blocking=True)
+        return moved
 
     def cat(self, other: Batch) -> Batch:
-        """Rows of both batches: (B1 + B2, T)."""
+        """Rows of both batches: (B1 + B2, T); their positions must be the same."""
+        mine, theirs = self.positions, other.positions
+        if (mine is None) != (theirs is None) or (mine is not None and not torch.equal(mine, theirs)):
+            raise ValueError("batches of different positions cannot share rows: a batch shares its positions")
         joined = [torch.cat([a, b]) for a, b in zip(self.tensors(), other.tensors(), strict=True)]
         return self.with_tensors(joined, [self, other])
 

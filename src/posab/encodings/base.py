@@ -79,6 +79,13 @@ KIND_ACTS = {
 
 BIAS_KINDS = (Kind.DISTANCE_BIAS, Kind.DENSE_BIAS)  # an additive bias shared by the batch, nothing else
 POSITION_INDEXED = (Kind.NONE, Kind.ABSOLUTE, Kind.ROTARY)  # through embed/rotate alone, causal attention
+READS_POSITIONS = (Kind.ABSOLUTE, Kind.ROTARY)  # read each token's position itself: coupled positions apply
+
+
+def reads_given_positions(encoding: Encoding) -> bool:
+    """Whether `encoding` reads positions given as data (a task's coupled positions): one of the kinds
+    acting through embed or rotate on each token's own position, not a wrapper that remaps them."""
+    return encoding.kind in READS_POSITIONS and not isinstance(encoding, Wrapping)
 
 
 @dataclass(frozen=True)

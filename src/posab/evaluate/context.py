@@ -108,14 +108,17 @@ class EvalContext:
         paragraph: Tensor | None,
         offset: int = 0,
         observe: Observer | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """(B, T) inputs -> (B, T, V) float32 logits, on the model's device, in inference mode.
 
-        `observe` receives each layer's attention inputs (`DecoderLM.forward`)."""
+        `observe` receives each layer's attention inputs; `positions` (T,), the inputs' positions instead
+        of `offset` (`DecoderLM.forward`)."""
         self.model.eval()
         to = self.device
         sentence = sentence.to(to) if sentence is not None else None
         paragraph = paragraph.to(to) if paragraph is not None else None
         with autocast(self.device, self.dtype):
-            out = self.model(inputs.to(to), sentence, paragraph, offset=offset, observe=observe)
+            where = {"offset": offset} if positions is None else {"positions": positions}
+            out = self.model(inputs.to(to), sentence, paragraph, observe=observe, **where)
         return out.float()

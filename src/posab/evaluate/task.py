@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from torch import Tensor
 
 from posab.catalog import task as task_columns
 from posab.data.tasks import TaskExample, TaskStream, TaskTracker, example_batch
@@ -119,49 +120,70 @@ def batches(examples: list[TaskExample], size: int) -> Iterator[list[TaskExample
 
 
 def written_by(
-    ctx: EvalContext, examples: list[TaskExample], steps: int, suppress: tuple[int, ...] = ()
+    ctx: EvalContext,
+    examples: list[TaskExample],
+    steps: int,
+    suppress: tuple[int, ...] = (),
+    positions: Tensor | None = None,
 ) -> np.ndarray:
     """(B, steps) the ids cached greedy decoding writes after each example's prompt, never one of
-    `suppress`."""
+    `suppress`; at `positions` (coupled: `group_positions`) or sequential ones."""
     prompt = torch.from_numpy(np.stack([e.prompt_tokens for e in examples])).to(ctx.device)  # (B, P)
     trackers = [TaskTracker() for _ in examples]
     with autocast(ctx.device, ctx.dtype):
-        return generate(ctx.model, prompt, steps, structure=trackers, suppress=suppress).cpu().numpy()
+        ids = generate(ctx.model, prompt, steps, structure=trackers, suppress=suppress, positions=positions)
+        return ids.cpu().numpy()
 
 
-def greedy_scores(ctx: EvalContext, examples: list[TaskExample]) -> tuple[np.ndarray, np.ndarray]:
+def group_positions(stream: TaskStream, examples: list[TaskExample]) -> Tensor | None:
+    """A group's coupled positions (every example of one instance length: `batches`), from position 1,
+    for every token the longest decoding reads; None for sequential positions."""
+    if not stream.coupled:
+        return None
+    (length,) = {e.length for e in examples}
+    return stream.coupled_positions(length)  # (N,)
+
+
+def greedy_scores(
+    ctx: EvalContext, examples: list[TaskExample], positions: Tensor | None
+) -> tuple[np.ndarray, np.ndarray]:
     """(B,) each example's class (`error_class`) and (B,) its first wrong position, greedy and cached."""
     wanted = [e.answer_tokens for e in examples]
-    written = written_by(ctx, examples, max(len(w) for w in wanted))
+    written = written_by(ctx, examples, max(len(w) for w in wanted), positions=positions)
     found = [error_class(row, w) for row, w in zip(written, wanted, strict=True)]
     return np.array([c for c, _ in found]), np.array([p for _, p in found])
 
 
-def oracle_exact(ctx: EvalContext, examples: list[TaskExample]) -> np.ndarray:
+def oracle_exact(ctx: EvalContext, examples: list[TaskExample], positions: Tensor | None) -> np.ndarray:
     """(B,) whether decoding with EOS suppressed writes each example's answer (its tokens alone)."""
     answers = [e.answer_tokens[:-1] for e in examples]
-    written = written_by(ctx, examples, max(len(a) for a in answers), suppress=(EOS,))
+    written = written_by(ctx, examples, max(len(a) for a in answers), (EOS,), positions)
     return np.array([np.array_equal(row[: len(a)], a) for row, a in zip(written, answers, strict=True)])
 
 
-def forced_exact(ctx: EvalContext, examples: list[TaskExample]) -> np.ndarray:
+def forced_exact(ctx: EvalContext, examples: list[TaskExample], positions: Tensor | None) -> np.ndarray:
     """(B,) whether the teacher-forced argmax is the target at every scored position (answer and EOS)."""
     batch = example_batch(examples, max(len(e.tokens) for e in examples) - 1)
-    logits = ctx.logits(batch.inputs, batch.sentence, batch.paragraph)  # (B, T, V)
+    given = None if positions is None else positions[: batch.inputs.shape[1]]  # (T,)
+    logits = ctx.logits(batch.inputs, batch.sentence, batch.paragraph, positions=given)  # (B, T, V)
     right = (logits.argmax(-1).cpu() == batch.targets) | ~batch.loss_mask  # (B, T)
     return right.all(dim=1).numpy()
 
 
-def score(ctx: EvalContext, examples: list[TaskExample], size: int, oracle: bool) -> Scored:
+def score(
+    ctx: EvalContext, stream: TaskStream, examples: list[TaskExample], size: int, oracle: bool
+) -> Scored:
     """Every verdict, batch by batch, each batch's passes at the same positions (one plan of the whole
-    sequence: `Encoding.planned_positions`, randomized positions evaluated `sampled`)."""
+    sequence: `Encoding.planned_positions`, randomized positions evaluated `sampled`; or the group's
+    coupled positions)."""
     parts = []
     for group in batches(examples, size):
         ctx.model.eval()
+        positions = group_positions(stream, group)
         with ctx.model.encoding.planned_positions(max(len(e.tokens) for e in group)):
-            error, first = greedy_scores(ctx, group)
-            forced = forced_exact(ctx, group)
-            read = oracle_exact(ctx, group) if oracle else np.zeros(len(group), dtype=bool)
+            error, first = greedy_scores(ctx, group, positions)
+            forced = forced_exact(ctx, group, positions)
+            read = oracle_exact(ctx, group, positions) if oracle else np.zeros(len(group), dtype=bool)
             parts.append((error == RIGHT, forced, error, first, read))
     return Scored(*(np.concatenate(part) for part in zip(*parts, strict=True)))
 
@@ -193,7 +215,9 @@ class TaskAccuracy(Evaluator[TaskEvalConfig]):
         train = stream.train_lengths
         rows, scalars, verdicts = [], {}, []
         for n in ctx.bar(range(low, high + 1), f"task {stream.task.name}"):
-            found = score(ctx, stream.examples_at(n, self.cfg.examples), self.cfg.batch_size, self.cfg.oracle)
+            found = score(
+                ctx, stream, stream.examples_at(n, self.cfg.examples), self.cfg.batch_size, self.cfg.oracle
+            )
             rows.append(length_row(n, train, found, self.cfg.oracle))
             scalars.update(length_scalars(n, found, self.cfg.oracle))
             verdicts.append((np.full(len(found.greedy), n), found))
@@ -222,7 +246,9 @@ class TaskAccuracy(Evaluator[TaskEvalConfig]):
         low, high = stream.lengths
         exact = {}
         for n in ctx.bar(range(low, high + 1), f"task {stream.task.name}@{test}"):
-            found = score(ctx, stream.examples_at(n, self.cfg.examples, test), self.cfg.batch_size, False)
+            found = score(
+                ctx, stream, stream.examples_at(n, self.cfg.examples, test), self.cfg.batch_size, False
+            )
             exact[n] = float(found.greedy.mean())
         return distribution_scalars(test, exact, stream.train_lengths)
 

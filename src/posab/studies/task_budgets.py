@@ -24,8 +24,9 @@ from posab.keys import metric_key
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
+from posab.studies.task_errors import TASK, task_of
 
-TASK, STEPS = "data.task.name", "train.steps"
+STEPS = "train.steps"
 SEEN = metric_key("exact_seen")
 TARGET = 0.95  # the exact match at the training lengths a reference must reach (issue 58)
 REFERENCES = ("nope", "rope")
@@ -35,7 +36,7 @@ def pilot_frame(runs: Sequence[RunRecord], references: Sequence[str]) -> pd.Data
     """One line per finished pilot run of a reference: task, encoding, seed, steps, exact_seen."""
     lines = [
         {
-            "task": r.config[TASK],
+            "task": task_of(r),
             "encoding": r.encoding,
             "seed": r.seed,
             "steps": int(r.config[STEPS]),

@@ -29,6 +29,16 @@ from posab.report.records import RunRecord
 from posab.report.styles import display_name
 
 TASK, TRAIN_LENGTHS = "data.task.name", "data.task.train_lengths"
+POSITIONS = "data.task.positions"  # sequential | coupled (runs from before the option: sequential)
+
+
+def task_of(run: RunRecord) -> str:
+    """The task a run's row names: its task, `@coupled` after it when its positions were coupled (rows of
+    their own, issue 58)."""
+    coupled = run.config.get(POSITIONS) == "coupled"
+    return f"{run.config[TASK]}@coupled" if coupled else str(run.config[TASK])
+
+
 BREAKDOWN = ("exact", "stopped_early", "ran_long", "wrong_token", "oracle_exact")
 PAPER_FIVE = ("nope", "t5", "alibi", "rope", "sinusoidal")  # the NoPE study's encodings (APE: sinusoidal)
 
@@ -81,8 +91,8 @@ def error_lines(runs: Sequence[RunRecord]) -> list[str]:
         "fails only at stopping is right there).",
         "",
     ]
-    for task in sorted({r.config[TASK] for r in kept}):
-        mine = [r for r in kept if r.config[TASK] == task]
+    for task in sorted({task_of(r) for r in kept}):
+        mine = [r for r in kept if task_of(r) == task]
         high = train_high(mine[0])
         unseen = [n for n in key_lengths(mine[0].metrics, "exact") if n > high]
         body = [
@@ -107,12 +117,12 @@ def heatmap_figure(runs: Sequence[RunRecord]) -> Figure | None:
     """Exact match per encoding and instance length, a panel per task (module docstring); None without
     task runs."""
     task_runs = [r for r in runs if r.finished and TASK in r.config]
-    tasks = sorted({r.config[TASK] for r in task_runs})
+    tasks = sorted({task_of(r) for r in task_runs})
     if not tasks:
         return None
     fig = new_figure(6.0 * min(3, len(tasks)), 0.5 + 4.5 * math.ceil(len(tasks) / 3), layout="constrained")
     for index, task in enumerate(tasks):
-        mine = [r for r in task_runs if r.config[TASK] == task]
+        mine = [r for r in task_runs if task_of(r) == task]
         ax = fig.add_subplot(math.ceil(len(tasks) / 3), min(3, len(tasks)), index + 1)
         image = task_panel(ax, task, mine)
     fig.colorbar(image, ax=fig.axes, label="exact match", shrink=0.6)

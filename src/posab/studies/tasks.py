@@ -68,7 +68,7 @@ from posab.report.stats import ALPHA
 from posab.report.styles import encoding_colours, shared_colour_styles
 from posab.studies.claims import STATUSES, claims_file_lines
 from posab.studies.readings import add_write_argument, replace_block
-from posab.studies.task_errors import PAPER_FIVE, TASK, TRAIN_LENGTHS, error_lines, heatmap_figure
+from posab.studies.task_errors import PAPER_FIVE, TASK, TRAIN_LENGTHS, error_lines, heatmap_figure, task_of
 from posab.studies.verdicts import claim_verdict
 
 UNSEEN, SEEN = metric_key("exact_unseen"), metric_key("exact_seen")
@@ -115,9 +115,7 @@ def task_runs(runs: Sequence[RunRecord]) -> list[TaskRun]:
         by_length = {n: run.metrics[metric_key("exact", n)] for n in lengths}
         seen = run.metrics.get(SEEN, math.nan)
         found.append(
-            TaskRun(
-                run.encoding, run.config[TASK], run.seed, run.metrics[UNSEEN], seen, by_length, (low, high)
-            )
+            TaskRun(run.encoding, task_of(run), run.seed, run.metrics[UNSEEN], seen, by_length, (low, high))
         )
     if not found:
         raise ReportError(f"no finished task run (`{TASK}` in its config, `{UNSEEN}` in its results)")

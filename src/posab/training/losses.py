@@ -17,7 +17,8 @@ from posab.distributed import sum_across_ranks, world
 
 def token_losses(model: nn.Module, batch: Batch) -> torch.Tensor:
     """The cross-entropy of every target token, in float32: (B, T)."""
-    logits = model(batch.inputs, batch.sentence, batch.paragraph)  # (B, T, V)
+    where = {} if batch.positions is None else {"positions": batch.positions}  # a task's coupled positions
+    logits = model(batch.inputs, batch.sentence, batch.paragraph, **where)  # (B, T, V)
     losses = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), reduction="none")
     return losses.view_as(batch.targets)  # (B*T,) -> (B, T)
 

@@ -21,6 +21,12 @@ match, as the reference does.
   digits of one significance are read in the order they are added: `705+24` -> `945` for 507 + 42 = 549);
   `addition_indexed` marks each digit with a letter naming its significance (Zhou et al., 2024, "What
   Algorithms can Transformers Learn?", index hints: `c5b0a7+b4a2` -> `c5b4a9`, a the units), n <= 26.
+- addition_padded (issue 58): Cho et al.'s format for position coupling (NeurIPS 2024, "Position Coupling:
+  Improving Length Generalization of Arithmetic Transformers Using Task Structure", section 4; reference
+  `HanseulJo/position-coupling`, `src/data/addition.py`): both operands n digits, zero-padded, most
+  significant first, and the sum zero-padded to n + 1 digits, written least significant first
+  (`507+042` -> `9450` for 507 + 42 = 549). Every instance of length n has one layout, so its coupled
+  positions (`coupled_addition`) depend on n alone: the option `data.task.positions=coupled`.
 - mqar (issue 58): multi-query associative recall (Arora et al., 2023, "Zoology", MQAR; reference
   `HazyResearch/zoology`, `data/associative_recall.py`): n key-value pairs, keys distinct letters, values
   digits, then every key once in a random order; the answer is their values in that order (`a3b7c1,cab` ->
@@ -125,6 +131,23 @@ def addition_indexed(rng: np.random.Generator, n: int) -> tuple[str, str]:
     return f"{indexed(first)}+{indexed(second)}", indexed(answer)
 
 
+def addition_padded(rng: np.random.Generator, n: int) -> tuple[str, str]:
+    prompt, _ = addition(rng, n)  # addition's operands: one of n digits, the other U(1, n)
+    a, b = (int(number) for number in prompt.split("+"))
+    return f"{a:0{n}d}+{b:0{n}d}", f"{a + b:0{n + 1}d}"[::-1]
+
+
+def coupled_addition(n: int, start: int = 1) -> np.ndarray:
+    """Position coupling for `addition_padded` (Cho et al., 2024, section 4; the reference's
+    `AdditionDatasetWithCoupledPositions`): the position of every token of BOS a + b SEP sum EOS at instance
+    length n, from `start` (the reference's: 1, a training draw U(1, max_position - n - 1)). The digit of
+    significance s, in either operand or in the sum, is at start + n - s; the '+' and the SEP after the
+    operands, and the EOS after the sum, at start + n + 1 (the reference's `end`); the BOS at 0."""
+    operand = [*range(start + 1, start + n + 1), start + n + 1]  # n digits, most significant first; '+'|SEP
+    answer = list(range(start + n, start - 1, -1))  # n + 1 digits, least significant first
+    return np.array([0, *operand, *operand, *answer, start + n + 1], dtype=np.int64)
+
+
 KEYS = string.ascii_lowercase  # mqar's keys: distinct letters
 FLIP_FLOP_IGNORES = {"train": 0.8, "sparse": 0.98, "dense": 0.1}  # p(ignore), Liu et al. (2023), section 3
 
@@ -166,6 +189,9 @@ class Task:
     lengths: tuple[int, int | None] = (1, None)  # the instance lengths it can make: [low, high or no bound]
     tests: dict[str, Generator] = field(default_factory=dict)
     family: str = "sequence"  # the tasks tuned together (issue 58): sequence, arithmetic, recall, state
+    # position coupling (`data.task.positions=coupled`): (n, start) -> the position of every token of an
+    # instance of length n, one layout per n; None where the task defines none
+    coupled: Callable[[int, int], np.ndarray] | None = None
 
     def example(self, rng: np.random.Generator, n: int, test: str | None = None) -> TaskExample:
         """An example of length n, by the task's generator or by its test distribution `test`."""
@@ -195,6 +221,13 @@ TASKS = {
             "addition_reversed", addition_reversed, lambda n: 3 * n + 5, family="arithmetic"
         ),  # as addition's
         Task("addition_indexed", addition_indexed, lambda n: 6 * n + 6, (1, 25), family="arithmetic"),
+        Task(
+            "addition_padded",
+            addition_padded,
+            lambda n: 3 * n + 5,
+            family="arithmetic",
+            coupled=coupled_addition,
+        ),  # BOS, n digits, '+', n digits, SEP, n + 1 digits, EOS
         Task("mqar", mqar, lambda n: 4 * n + 4, (1, len(KEYS)), family="recall"),  # 2n pairs, ',', n, n
         Task(
             "flipflop",

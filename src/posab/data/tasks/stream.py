@@ -6,6 +6,12 @@ and nothing is stored.
 Splits: `train` draws each example's instance length uniformly from `data.task.train_lengths`; `valid`
 is `data.task.valid_examples` fixed examples from the same range (the validation loss); `test` gives
 `examples_at(n, count)` for every instance length n of `data.task.test_lengths` (the task evaluator).
+
+Coupled positions (`data.task.positions=coupled`, the task's `Task.coupled`): a batch's positions are
+shared by its rows (`Batch.positions`), and an instance's depend on its length, so every example of a batch
+has the instance length of its first index (each drawn from its own index's generator, at that length).
+A training batch's positions start at an offset drawn from U(1, max_position - n - 1), the reference's
+random start, so that training reaches every position up to `max_position`; validation and test start at 1.
 """
 
 from __future__ import annotations
@@ -34,13 +40,21 @@ class TaskStream:
         seed: int,
         count: int,
         train_lengths: tuple[int, int] | None = None,
+        max_position: int | None = None,
     ) -> None:
         """`lengths`: the split's inclusive range of instance lengths; `count`: how many examples it
         holds (indices 0 .. count - 1); `train_lengths`: the training split's range (default `lengths`),
-        which tells seen lengths from unseen ones."""
+        which tells seen lengths from unseen ones; `max_position`: coupled positions, at most this in
+        training (module docstring), or None for sequential positions."""
         self.task, self.split, self.lengths, self.seed, self.count = task, split, lengths, seed, count
         self.train_lengths = lengths if train_lengths is None else train_lengths
+        self.max_position = max_position
         self.document = None  # no documents: every example stands alone
+
+    @property
+    def coupled(self) -> bool:
+        """Whether the split's batches carry coupled positions (module docstring)."""
+        return self.max_position is not None
 
     def __len__(self) -> int:
         return self.count
@@ -70,11 +84,12 @@ class TaskStream:
         """`count` example indices drawn uniformly (the training sampler's draw)."""
         return rng.integers(0, self.count, size=count)
 
-    def example(self, index: int) -> TaskExample:
-        """Example `index` of the split: its instance length uniform over the split's range."""
+    def example(self, index: int, length: int | None = None) -> TaskExample:
+        """Example `index` of the split: its instance length uniform over the split's range, or `length`
+        (the generator's draws after the length's are the same)."""
         rng = np.random.default_rng((self.seed, SPLIT_IDS[self.split], int(index)))
-        length = int(rng.integers(self.lengths[0], self.lengths[1] + 1))
-        return self.task.example(rng, length)
+        drawn = int(rng.integers(self.lengths[0], self.lengths[1] + 1))
+        return self.task.example(rng, drawn if length is None else length)
 
     def examples_at(self, length: int, count: int, test: str | None = None) -> list[TaskExample]:
         """`count` examples of instance length `length` (the evaluator's, per length), by the task's
@@ -83,8 +98,32 @@ class TaskStream:
         return [self.task.example(rng, length, test) for rng in rngs]
 
     def batch(self, starts: np.ndarray | list[int], length: int) -> Batch:
-        """Examples `starts` padded to `length` inputs (module docstring)."""
-        return example_batch([self.example(int(i)) for i in starts], length)
+        """Examples `starts` padded to `length` inputs (module docstring), with their coupled positions when
+        the split has them (every example at the first one's instance length)."""
+        if not self.coupled:
+            return example_batch([self.example(int(i)) for i in starts], length)
+        first = int(starts[0])
+        n = self.example(first).length
+        batch = example_batch([self.example(int(i), n) for i in starts], length)
+        batch.positions = self.coupled_positions(n, self.first_position(first, n))[:length]
+        return batch
+
+    def first_position(self, index: int, n: int) -> int:
+        """Where a batch's coupled positions start: 1, or in training U(1, max_position - n - 1) from the
+        first example's generator seed (module docstring)."""
+        if self.split != "train" or self.max_position is None:
+            return 1
+        rng = np.random.default_rng((self.seed, SPLIT_IDS[self.split], index, n, 0))
+        return int(rng.integers(1, self.max_position - n))
+
+    def coupled_positions(self, n: int, start: int = 1) -> torch.Tensor:
+        """The positions of an instance of length n's tokens and of the padding after them (0), as many as
+        the split's longest example has tokens: (N,) int64."""
+        assert self.task.coupled is not None, f"task {self.task.name} defines no position coupling"
+        layout = self.task.coupled(n, start)  # (3n + 5,) for addition_padded
+        padded = np.zeros(max(len(layout), self.longest + 1), dtype=np.int64)  # (N,)
+        padded[: len(layout)] = layout
+        return torch.from_numpy(padded)
 
 
 def example_batch(examples: list[TaskExample], length: int) -> Batch:
