@@ -4,6 +4,12 @@ Applied over the first `rotary_dim` channels of each head (the full head dimensi
 cos/sin table is cached and grown to the largest position seen; it is indexed by position value, so
 offset positions are honoured.
 
+p-RoPE (Barbero et al., ICLR 2025, "Round and Round We Go! What makes Rotary Positional Encodings
+useful?", section 6, `apply_p_rope`): `fraction` p keeps the int(p R / 2) highest frequencies of the full
+spectrum, theta_c = base^(-2c/R) for c < int(p R / 2), and sets the others to 0, so their channels are not
+rotated (NoPE channels beside RoPE ones). Unlike a smaller `rotary_dim`, which spreads a whole spectrum
+over fewer channels, the kept frequencies are RoPE's own. p = 1 is RoPE.
+
 Context extension at evaluation (`RoPE.scaled`), with s the scale factor (evaluation length / training
 length), R = rotary_dim, theta_c = base^(-2c/R) for c = 0 .. R/2 - 1 and L the training length:
 
@@ -46,6 +52,13 @@ def rope_frequencies(base: float, rotary_dim: int) -> Tensor:
     return base**-exponents
 
 
+def kept_frequencies(fraction: float, rotary_dim: int) -> Tensor:
+    """p-RoPE's mask (R/2,) float64: 1 for the int(p R / 2) highest frequencies (c below it), 0 for the
+    rest (the reference's `rope_angles = int(rope_percentage * head_dim // 2)`)."""
+    kept = int(fraction * rotary_dim // 2)
+    return (torch.arange(rotary_dim // 2) < kept).double()
+
+
 def ntk_base(base: float, factor: float, rotary_dim: int) -> float:
     """NTK-aware base: base * s^(R / (R - 2)) (R > 2)."""
     return base * factor ** (rotary_dim / (rotary_dim - 2))
@@ -74,12 +87,23 @@ def attention_factor(kind: str, factor: float) -> float:
     return 0.1 * math.log(factor) + 1.0 if kind == "yarn" else 1.0
 
 
+def check_fraction(fraction: float, rotary_dim: int) -> None:
+    """A ConfigError unless p-RoPE's `fraction` is in (0, 1] and keeps at least one frequency."""
+    if isinstance(fraction, bool) or not 0 < fraction <= 1 or int(fraction * rotary_dim // 2) < 1:
+        raise ConfigError(
+            f"rope fraction={fraction!r}: the share of RoPE's frequencies p-RoPE keeps, in (0, 1], keeping "
+            f"at least one of {rotary_dim // 2} (p >= {2 / rotary_dim:g}; the paper's: 0.25, 0.75; RoPE: 1)"
+        )
+
+
 class RoPE(Encoding):
     kind = Kind.ROTARY
     relative_only = True  # up to floating-point rounding of the angles
     variants = tuple(kind for kind in SCALINGS if kind != "none")  # context extensions at evaluation
 
-    def __init__(self, dims: Dims, base: float = 10000.0, rotary_dim: int | None = None) -> None:
+    def __init__(
+        self, dims: Dims, base: float = 10000.0, rotary_dim: int | None = None, fraction: float = 1.0
+    ) -> None:
         super().__init__(dims)
         self.rotary_dim = dims.head_dim if rotary_dim is None else rotary_dim
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= dims.head_dim:
@@ -87,9 +111,12 @@ class RoPE(Encoding):
                 f"rope needs an even rotary dimension in (0, head_dim={dims.head_dim}], got {self.rotary_dim}"
                 " (head_dim = model.d_model / model.n_heads)"
             )
-        self.base = base
+        check_fraction(fraction, self.rotary_dim)
+        self.base, self.fraction = base, fraction
         self.attention_factor = 1.0  # sqrt(1/t) of YaRN while `scaled("yarn", ...)` is active
-        self.register_buffer("inv_freq", rope_frequencies(base, self.rotary_dim), persistent=False)  # (R/2,)
+        self.register_buffer("kept", kept_frequencies(fraction, self.rotary_dim), persistent=False)  # (R/2,)
+        frequencies = rope_frequencies(base, self.rotary_dim) * self.kept  # (R/2,)
+        self.register_buffer("inv_freq", frequencies, persistent=False)  # (R/2,)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim), persistent=False)
 
@@ -107,8 +134,8 @@ class RoPE(Encoding):
             raise ValueError(f"rope scaling factor {factor} must be >= 1")
         saved = self.inv_freq, self.cos_cached, self.sin_cached, self.attention_factor
         length = self.dims.train_len if train_len is None else train_len
-        frequencies = scaled_frequencies(kind, factor, self.base, self.rotary_dim, length)
-        self.inv_freq = frequencies.to(self.inv_freq.device)
+        frequencies = scaled_frequencies(kind, factor, self.base, self.rotary_dim, length) * self.kept.cpu()
+        self.inv_freq = frequencies.to(self.inv_freq.device)  # p-RoPE's removed frequencies stay 0
         self.cos_cached = self.cos_cached[:0]  # (0, R)
         self.sin_cached = self.sin_cached[:0]  # (0, R)
         self.attention_factor = attention_factor(kind, factor)
