@@ -36,6 +36,7 @@ class ModelConfig:
     dropout: float = 0.0
     attention: str = "sdpa"  # CPU: sdpa | flex (FlexAttention in evaluation); elsewhere each form's own path
     window: int | None = None  # sliding-window attention in every layer (each query sees W keys), or None
+    ssmax: bool = False  # scalable softmax in every layer (`ScalableSoftmax`), with any encoding
 
     def validate(self) -> None:
         require_positive("model", self, ("d_model", "n_layers", "n_heads", "mlp_ratio"))
@@ -70,8 +71,33 @@ def attention_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
+class ScalableSoftmax(nn.Module):
+    """SSMax (Nakanishi, 2025, "Scalable-Softmax Is Superior for Attention", arXiv 2501.19399, eq. 2):
+    softmax((s_h ln n) z) over the n keys a query sees, z its logits and s_h learned per head and layer,
+    applied as the paper implements it, by multiplying the queries by s_h ln n (so the content logits q . k
+    scale; an encoding's additive bias does not). n is the query row's own position plus one under causal
+    attention, at most `window` with a sliding window: a cached decoding step computes what the full
+    forward pass does. s_h starts at 1 / ln(L_train), so the logits of the training length's last query are
+    softmax's (posab's choice: the paper gives no initial value); it is the trained counterpart of SWAN's
+    evaluation-time log scaling (`encoding.nope_logit_scaling=swan`)."""
+
+    def __init__(self, n_heads: int, train_len: int, window: int | None) -> None:
+        super().__init__()
+        require(train_len >= 2, f"model.ssmax=true at train.seq_len={train_len}: ln n needs a length >= 2")
+        self.scale = nn.Parameter(torch.full((n_heads,), 1.0 / math.log(train_len)))  # (H,)
+        self.window = window
+
+    def forward(self, q: Tensor, keys: int) -> Tensor:
+        """q (B, H, c, D), the last c of `keys` positions -> q (B, H, c, D) times s_h ln n."""
+        seen = torch.arange(keys - q.shape[-2] + 1, keys + 1, device=q.device, dtype=torch.float32)  # (c,)
+        if self.window is not None:
+            seen = seen.clamp(max=self.window)
+        factor = self.scale[:, None] * seen.log()[None, :]  # (H, c)
+        return q * factor[:, :, None].to(q.dtype)  # (H, c) -> (H, c, 1), broadcast over B and D
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int) -> None:
+    def __init__(self, cfg: ModelConfig, index: int, train_len: int) -> None:
         super().__init__()
         self.index = index  # the layer's place in the stack (an encoding may hold a module per layer)
         self.n_heads = cfg.n_heads
@@ -79,6 +105,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
         self.backend = cfg.attention
+        self.ssmax = ScalableSoftmax(cfg.n_heads, train_len, cfg.window) if cfg.ssmax else None
 
     def queries_keys_values(
         self, x: Tensor, encoding: Encoding, pos: Positions
@@ -100,6 +127,8 @@ class CausalSelfAttention(nn.Module):
         form = layer.encoding.layer_form(layer.form, self.index, x, cache)  # may rewrite the cached keys
         if cache is not None:
             k, v = cache.cached()  # 2 x (B, H, n, D)
+        if self.ssmax is not None:
+            q = self.ssmax(q, k.shape[-2])
         if layer.observe is not None:
             layer.observe(AttentionInputs(q, k, form))
         dropout = self.dropout if self.training else 0.0
@@ -118,10 +147,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int) -> None:
+    def __init__(self, cfg: ModelConfig, index: int, train_len: int) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg, index)
+        self.attn = CausalSelfAttention(cfg, index, train_len)
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
@@ -138,7 +167,8 @@ class DecoderLM(nn.Module):
         self.vocab_size = vocab_size
         self.embed = nn.Embedding(vocab_size, cfg.d_model)
         self.encoding = encoding
-        self.blocks = nn.ModuleList(Block(cfg, index) for index in range(cfg.n_layers))
+        train_len = encoding.dims.train_len
+        self.blocks = nn.ModuleList(Block(cfg, index, train_len) for index in range(cfg.n_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied
