@@ -19,6 +19,7 @@ LAYERS: list[set[str]] = [
     {"errors", "io", "results", "paths", "outputs", "plots", "content_statistics", "keys", "catalog"}
     | {"job_names", "run.summary"},  # no torch
     {"device", "distributed", "positions", "forms", "encodings", "cache", "data", "provenance", "passkey"},
+    {"layers"},  # the model's optional layers (SSMax, Canon), below it
     {"model"},
     {"training", "logging", "wandb_logger", "passkey.mix", "passkey.stage", "decoding"},  # training, decoding
     {"evaluate"},

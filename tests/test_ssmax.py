@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from test_cache_equivalence import cached_logits
 
 from conftest import ENCODINGS, run_main, text_like, tiny_model
-from posab.model import ScalableSoftmax
+from posab.layers import ScalableSoftmax
 from tolerances import assert_close_to_scale
 
 SSMAX = "model.ssmax=true"

@@ -30,13 +30,15 @@ State = TypeVar("State", bound=EncodingState)
 @dataclass
 class LayerCache:
     """One layer's decoding state: its keys and values so far, in buffers that double when full (amortised
-    O(1) copying per decoded token; growing by concatenation copies the whole cache at every step), and
-    the encoding's own state of the layer (`state_for`)."""
+    O(1) copying per decoded token; growing by concatenation copies the whole cache at every step), the
+    encoding's own state of the layer (`state_for`), and the block's Canon layers' last inputs
+    (`posab.layers.Canon`)."""
 
     keys: Tensor | None = None  # (B, H, capacity, D)
     values: Tensor | None = None  # (B, H, capacity, D)
     length: int = 0  # the cached tokens: keys[:, :, :length]
     encoding_state: EncodingState | None = None  # the encoding's own (`state_for`), None until first used
+    recent: dict[str, Tensor] = field(default_factory=dict)  # Canon layers' last inputs, by place (B, K-1, C)
 
     def state_for(self, kind: type[State]) -> State:
         """The encoding's state of this layer, of type `kind`: made (with its defaults) on first use."""

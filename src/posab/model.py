@@ -22,6 +22,7 @@ from posab.encodings import INIT_STD, Encoding, Positions
 from posab.encodings.base import READS_POSITIONS, reads_given_positions
 from posab.errors import ConfigError, require, require_positive
 from posab.forms import AttentionInputs, Form
+from posab.layers import CANON_PLACES, Canon, ScalableSoftmax, canon_at
 
 BACKENDS = ("sdpa", "flex")
 Observer = Callable[[AttentionInputs], None]  # called by each layer, in order, with what it attends from
@@ -36,7 +37,9 @@ class ModelConfig:
     dropout: float = 0.0
     attention: str = "sdpa"  # CPU: sdpa | flex (FlexAttention in evaluation); elsewhere each form's own path
     window: int | None = None  # sliding-window attention in every layer (each query sees W keys), or None
-    ssmax: bool = False  # scalable softmax in every layer (`ScalableSoftmax`), with any encoding
+    ssmax: bool = False  # scalable softmax in every layer (`layers.ScalableSoftmax`), with any encoding
+    canon: str = ""  # Canon layers at these places of every block, a subset of "ABCD" (`layers.Canon`)
+    canon_kernel: int = 4  # the tokens each Canon layer mixes (the reference's default)
 
     def validate(self) -> None:
         require_positive("model", self, ("d_model", "n_layers", "n_heads", "mlp_ratio"))
@@ -50,6 +53,13 @@ class ModelConfig:
         require(
             window_ok, f"model.window={self.window!r}: use null (full causal attention) or an integer >= 1"
         )
+        places = str(self.canon or "")
+        require(
+            set(places) <= set(CANON_PLACES) and len(set(places)) == len(places),
+            f"model.canon={self.canon!r}: name each place at most once, from {CANON_PLACES} (A: before "
+            "attention, B: on q, k, v, C: before the MLP, D: inside it), e.g. AC or ABCD; empty for none",
+        )
+        require(self.canon_kernel >= 2, f"model.canon_kernel={self.canon_kernel}: use an integer >= 2 (4)")
 
 
 @dataclass
@@ -71,31 +81,6 @@ def attention_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
-class ScalableSoftmax(nn.Module):
-    """SSMax (Nakanishi, 2025, "Scalable-Softmax Is Superior for Attention", arXiv 2501.19399, eq. 2):
-    softmax((s_h ln n) z) over the n keys a query sees, z its logits and s_h learned per head and layer,
-    applied as the paper implements it, by multiplying the queries by s_h ln n (so the content logits q . k
-    scale; an encoding's additive bias does not). n is the query row's own position plus one under causal
-    attention, at most `window` with a sliding window: a cached decoding step computes what the full
-    forward pass does. s_h starts at 1 / ln(L_train), so the logits of the training length's last query are
-    softmax's (posab's choice: the paper gives no initial value); it is the trained counterpart of SWAN's
-    evaluation-time log scaling (`encoding.nope_logit_scaling=swan`)."""
-
-    def __init__(self, n_heads: int, train_len: int, window: int | None) -> None:
-        super().__init__()
-        require(train_len >= 2, f"model.ssmax=true at train.seq_len={train_len}: ln n needs a length >= 2")
-        self.scale = nn.Parameter(torch.full((n_heads,), 1.0 / math.log(train_len)))  # (H,)
-        self.window = window
-
-    def forward(self, q: Tensor, keys: int) -> Tensor:
-        """q (B, H, c, D), the last c of `keys` positions -> q (B, H, c, D) times s_h ln n."""
-        seen = torch.arange(keys - q.shape[-2] + 1, keys + 1, device=q.device, dtype=torch.float32)  # (c,)
-        if self.window is not None:
-            seen = seen.clamp(max=self.window)
-        factor = self.scale[:, None] * seen.log()[None, :]  # (H, c)
-        return q * factor[:, :, None].to(q.dtype)  # (H, c) -> (H, c, 1), broadcast over B and D
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int, train_len: int) -> None:
         super().__init__()
@@ -106,13 +91,17 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.backend = cfg.attention
         self.ssmax = ScalableSoftmax(cfg.n_heads, train_len, cfg.window) if cfg.ssmax else None
+        self.canon = canon_at("B", cfg.canon, 3 * cfg.d_model, cfg.canon_kernel)  # on q, k and v
 
     def queries_keys_values(
-        self, x: Tensor, encoding: Encoding, pos: Positions
+        self, x: Tensor, encoding: Encoding, pos: Positions, cache: LayerCache | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x: (B, T, C) -> q, k (rotated by the encoding) and v: 3 x (B, H, T, D)."""
         b, t, c = x.shape
-        qkv = self.qkv(x).view(b, t, 3, self.n_heads, c // self.n_heads)  # (B, T, 3C) -> (B, T, 3, H, D)
+        qkv = self.qkv(x)  # (B, T, 3C)
+        if self.canon is not None:
+            qkv = self.canon(qkv, cache)
+        qkv = qkv.view(b, t, 3, self.n_heads, c // self.n_heads)  # (B, T, 3C) -> (B, T, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, D)
         q, k = encoding.rotate(q, k, pos, self.index)
         return q, k, v
@@ -121,7 +110,7 @@ class CausalSelfAttention(nn.Module):
         """x: (B, c, C) -> (B, c, C); with a `cache`, the new keys and values are appended to it and the
         queries attend to all of them. `layer.observe`, when set, receives q, k and the layer's form."""
         b, t, c = x.shape
-        q, k, v = self.queries_keys_values(x, layer.encoding, layer.pos)  # 3 x (B, H, c, D)
+        q, k, v = self.queries_keys_values(x, layer.encoding, layer.pos, cache)  # 3 x (B, H, c, D)
         if cache is not None:
             cache.extend(k, v)
         form = layer.encoding.layer_form(layer.form, self.index, x, cache)  # may rewrite the cached keys
@@ -141,9 +130,13 @@ class MLP(nn.Module):
         super().__init__()
         self.up = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=False)
         self.down = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=False)
+        self.canon = canon_at("D", cfg.canon, cfg.mlp_ratio * cfg.d_model, cfg.canon_kernel)  # before GELU
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down(F.gelu(self.up(x)))
+    def forward(self, x: Tensor, cache: LayerCache | None = None) -> Tensor:
+        hidden = self.up(x)  # (B, T, 4C)
+        if self.canon is not None:
+            hidden = self.canon(hidden, cache)
+        return self.down(F.gelu(hidden))
 
 
 class Block(nn.Module):
@@ -154,10 +147,17 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        self.canon_a = canon_at("A", cfg.canon, cfg.d_model, cfg.canon_kernel)  # before attention
+        self.canon_c = canon_at("C", cfg.canon, cfg.d_model, cfg.canon_kernel)  # before the MLP
 
     def forward(self, x: Tensor, layer: LayerContext, cache: LayerCache | None = None) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), layer, cache))
-        return x + self.drop(self.mlp(self.norm2(x)))
+        x = x + self.drop(self.attn(mixed(self.canon_a, self.norm1(x), cache), layer, cache))
+        return x + self.drop(self.mlp(mixed(self.canon_c, self.norm2(x), cache), cache))
+
+
+def mixed(canon: Canon | None, x: Tensor, cache: LayerCache | None) -> Tensor:
+    """x through a Canon layer, or x where there is none."""
+    return x if canon is None else canon(x, cache)
 
 
 class DecoderLM(nn.Module):
