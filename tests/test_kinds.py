@@ -36,8 +36,9 @@ def hooks_used(encoding: Encoding) -> tuple[bool, bool, Form, Form]:
     with torch.no_grad():
         embeds = not torch.equal(encoding.embed(x, pos), x)
         rotated = encoding.rotate(q, k, pos, 0)
-        scale = (rotated[0].flatten() @ q.flatten()) / (q.flatten() @ q.flatten())
-        rotates = not (
+        reshaped = rotated[0].shape != q.shape  # PoPE's q' and k' have twice the channels
+        scale = 1.0 if reshaped else (rotated[0].flatten() @ q.flatten()) / (q.flatten() @ q.flatten())
+        rotates = reshaped or not (
             torch.allclose(rotated[0], scale * q, rtol=1e-6, atol=0) and torch.equal(rotated[1], k)
         )
         form = encoding.attention_form(pos, LENGTH, torch.float32)

@@ -92,7 +92,7 @@ def forgetting_forward(
     the n keys): the output (B, H, c, D) and every row's log-sum-exp (B, H, c). A chunk of rows 0:end over
     keys 0:end (the first, without a cache) is square: the kernel's own causal mask skips its future keys."""
     queries, offset, cum = q.shape[-2], key_offset(q, k), cum.to(compute_dtype(q))
-    out = torch.empty(q.shape, dtype=v.dtype, device=v.device)  # (B, H, c, D)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=v.dtype, device=v.device)  # (B, H, c, Dv)
     lse = torch.empty(q.shape[:3], dtype=compute_dtype(q), device=q.device)  # (B, H, c)
     chunk = forward_rows(cum, queries)
     buffer = scratch.take("rows", cum.shape[:2], chunk * cum.shape[-1], cum).view(-1)  # (B * H * c * n,)

@@ -101,7 +101,7 @@ class Form:
 
     def block(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Queries against a longer prefix of keys (cached decoding), by query chunks: (B, H, c, D)."""
-        out = torch.empty(q.shape, dtype=v.dtype, device=v.device)  # (B, H, c, D)
+        out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=v.dtype, device=v.device)  # (B, H, c, Dv)
         for start in range(0, q.shape[-2], QUERY_CHUNK):
             end = min(q.shape[-2], start + QUERY_CHUNK)
             weights = self.probabilities(q, k, start, end)  # (B, H, c', n - c + end)

@@ -110,7 +110,7 @@ def explicit_forward(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor) -> tuple[T
     queries: the last c of the n keys), for kernels without a fused forward: the output (B, H, c, D) in v's
     dtype and every row's log-sum-exp (B, H, c) in the scores' dtype."""
     length, offset = q.shape[-2], key_offset(q, k)
-    out = torch.empty(q.shape, dtype=v.dtype, device=v.device)  # (B, H, c, D)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=v.dtype, device=v.device)  # (B, H, c, Dv)
     lse = torch.empty(q.shape[:3], dtype=compute_dtype(q), device=q.device)  # (B, H, c)
     for start in range(0, length, kernel.chunk):
         end = min(length, start + kernel.chunk)
