@@ -29,6 +29,12 @@ length), R = rotary_dim, theta_c = base^(-2c/R) for c = 0 .. R/2 - 1 and L the t
 
 At s = 1 every method is plain RoPE exactly: theta / 1, base * 1^x, theta / 1 + gamma (theta - theta) and
 0.1 ln 1 + 1 = 1 are exact in floating point.
+
+Trained with a scaling (`scaling`, `scaling_factor`, `original_len`: the context-extension stage, a run
+continued at s times its length, `train.init_from`): the method's frequencies and attention factor are the
+encoding's own from the start, computed for the first stage's length L = `original_len`, as PI and YaRN
+fine-tune (Chen et al., 2023, section 3; Peng et al., 2023, section 4); such an encoding offers no
+evaluation-time variants.
 """
 
 import math
@@ -87,6 +93,15 @@ def attention_factor(kind: str, factor: float) -> float:
     return 0.1 * math.log(factor) + 1.0 if kind == "yarn" else 1.0
 
 
+def check_scaling(scaling: str, factor: float) -> None:
+    """A ConfigError unless `scaling` names a method (or none) and `factor` is >= 1."""
+    if scaling not in SCALINGS or isinstance(factor, bool) or factor < 1:
+        raise ConfigError(
+            f"rope scaling={scaling!r}, scaling_factor={factor!r}: use a scaling of {', '.join(SCALINGS)} "
+            "(the frequencies trained with: a context-extension stage) and a factor >= 1"
+        )
+
+
 def check_fraction(fraction: float, rotary_dim: int) -> None:
     """A ConfigError unless p-RoPE's `fraction` is in (0, 1] and keeps at least one frequency."""
     if isinstance(fraction, bool) or not 0 < fraction <= 1 or int(fraction * rotary_dim // 2) < 1:
@@ -102,7 +117,14 @@ class RoPE(Encoding):
     variants = tuple(kind for kind in SCALINGS if kind != "none")  # context extensions at evaluation
 
     def __init__(
-        self, dims: Dims, base: float = 10000.0, rotary_dim: int | None = None, fraction: float = 1.0
+        self,
+        dims: Dims,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        fraction: float = 1.0,
+        scaling: str = "none",
+        scaling_factor: float = 1.0,
+        original_len: int | None = None,
     ) -> None:
         super().__init__(dims)
         self.rotary_dim = dims.head_dim if rotary_dim is None else rotary_dim
@@ -112,10 +134,14 @@ class RoPE(Encoding):
                 " (head_dim = model.d_model / model.n_heads)"
             )
         check_fraction(fraction, self.rotary_dim)
-        self.base, self.fraction = base, fraction
-        self.attention_factor = 1.0  # sqrt(1/t) of YaRN while `scaled("yarn", ...)` is active
+        check_scaling(scaling, scaling_factor)
+        self.base, self.fraction, self.scaling = base, fraction, scaling
+        length = dims.train_len if original_len is None else original_len  # YaRN's L: the first stage's
+        self.attention_factor = attention_factor(scaling, scaling_factor)  # sqrt(1/t): YaRN's, else 1
+        if scaling != "none":  # a scaling trained with (the extension stage): no evaluation-time variants
+            self.variants = ()
         self.register_buffer("kept", kept_frequencies(fraction, self.rotary_dim), persistent=False)  # (R/2,)
-        frequencies = rope_frequencies(base, self.rotary_dim) * self.kept  # (R/2,)
+        frequencies = scaled_frequencies(scaling, scaling_factor, base, self.rotary_dim, length) * self.kept
         self.register_buffer("inv_freq", frequencies, persistent=False)  # (R/2,)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim), persistent=False)
@@ -130,6 +156,8 @@ class RoPE(Encoding):
         """
         if kind not in SCALINGS:
             raise ValueError(f"unknown rope scaling {kind!r}; use one of {', '.join(SCALINGS)}")
+        if self.scaling != "none":
+            raise ValueError(f"rope trained with scaling={self.scaling!r}: its frequencies are its own")
         if factor < 1:
             raise ValueError(f"rope scaling factor {factor} must be >= 1")
         saved = self.inv_freq, self.cos_cached, self.sin_cached, self.attention_factor

@@ -100,6 +100,20 @@ def resume_state(cfg: Config, run_dir: Path, truncate: bool = True) -> dict[str,
     return state
 
 
+# Settings added after checkpoints that lack them were written, at the value those runs had (the schema's
+# default then and now): a checkpoint without the key compares as having it (issue 59's model options, p-RoPE
+# and RoPE's trained scaling).
+ADDED_LATER: dict[str, Any] = {
+    "model.ssmax": False,
+    "model.canon": "",
+    "model.canon_kernel": 4,
+    "encoding.fraction": 1.0,
+    "encoding.scaling": "none",
+    "encoding.scaling_factor": 1.0,
+    "encoding.original_len": None,
+}
+
+
 def check_compatible(
     saved: dict[str, Any],
     current: dict[str, Any],
@@ -115,7 +129,7 @@ def check_compatible(
         for k in saved_flat.keys() | current_flat.keys()
         if k.startswith(keys) and k not in checked_elsewhere
     )
-    differ = [f for f in fields if saved_flat.get(f) != current_flat.get(f)]
+    differ = [f for f in fields if saved_flat.get(f, ADDED_LATER.get(f)) != current_flat.get(f)]
     if differ:
         details = "; ".join(
             f"{f}: {saved_flat.get(f)!r} in the checkpoint, {current_flat.get(f)!r} now" for f in differ
@@ -144,7 +158,37 @@ def load_model_state(
 
 
 def load_initial_model(cfg: Config, model: DecoderLM) -> None:
-    """The model of the run in `train.init_from` (its latest checkpoint)."""
+    """The model of the run in `train.init_from` (its latest checkpoint); with `train.init_encoding=changed`
+    (a second stage) the encoding may differ from that run's (`load_changed_encoding`)."""
     path = Path(cfg.train.init_from or "") / CHECKPOINTS["latest"]
-    step = load_model_state(cfg, model, path)
+    if cfg.train.init_encoding == "changed":
+        step = load_changed_encoding(cfg, model, path)
+    else:
+        step = load_model_state(cfg, model, path)
     log.info("initialised from %s (step %d)", path, step)
+
+
+def load_changed_encoding(cfg: Config, model: DecoderLM, path: Path) -> int:
+    """A second stage's start (context extension, DroPE): the checkpoint's model but its encoding, under the
+    same `model` config (checked); the encoding's parameters that the checkpoint has under the same names
+    and shapes are taken, the others keep their initialisation (both logged). Returns the step."""
+    state = load_checkpoint(path)
+    check_compatible(state.get("config", {}), config_container(cfg), path, ("model",))
+    saved, mine = state["model"], model.state_dict()
+    taken = {k: v for k, v in saved.items() if k in mine and mine[k].shape == v.shape}
+    missing = [k for k in mine if not k.startswith("encoding.") and k not in taken]  # the model's own
+    if missing:
+        there = {k: tuple(saved[k].shape) if k in saved else "absent" for k in missing}
+        found = "; ".join(f"{k}: {there[k]} there, {tuple(mine[k].shape)} here" for k in missing)
+        raise ConfigError(
+            f"checkpoint '{path}' does not hold this model's own weights ({found}): a second stage needs the "
+            "first stage's data (its vocabulary) and model config"
+        )
+    model.load_state_dict({**mine, **taken})
+    fresh = sorted(k for k in mine if k not in taken)
+    log.info(
+        "second stage: encoding weights taken %s, initialised %s",
+        sorted(k for k in taken if k.startswith("encoding.")),
+        fresh,
+    )
+    return int(state["step"])

@@ -22,7 +22,7 @@ from posab.data import CorpusData, TrainSampler, prepare_data, save_run_tokenize
 from posab.device import resolve_device
 from posab.distributed import World, barrier, world
 from posab.encodings import encoding_optimizer
-from posab.errors import ConfigError, Preempted
+from posab.errors import ConfigError, Preempted, require
 from posab.io import write_json
 from posab.logging import JsonlLogger, Logger, MultiLogger, NullLogger
 from posab.passkey.mix import KeyLossMeter, PasskeyMix
@@ -221,6 +221,10 @@ def _train(cfg: Config, run_dir: Path, logger: Logger, resume: dict[str, Any] | 
     corpora = corpus_streams(cfg, data)  # before training: a bad `eval.corpora` entry loses nothing
     if cfg.passkey.enabled:
         check_stage_lengths(cfg, data)
+    require(
+        cfg.train.init_encoding == "same" or cfg.train.init_from is not None,
+        "train.init_encoding=changed starts a second stage from a run: give train.init_from=RUN_DIR",
+    )
     model = build_model(cfg, data.vocab_size).to(device)
     config = config_container(cfg)
 

@@ -57,6 +57,7 @@ class TrainConfig:
     resume: str = "auto"  # auto: continue from the run directory's checkpoint if it has one | never
     overwrite: bool = False  # allow reusing the directory of a finished run
     init_from: str | None = None  # a run directory: start from its final model (then steps may be 0)
+    init_encoding: str = "same"  # same: its encoding must be this one | changed: a second stage may change it
 
     def validate(self) -> None:
         """Check values that types alone cannot, before any work is done."""
@@ -68,6 +69,11 @@ class TrainConfig:
         )
         require(self.lr > 0, f"train.lr={self.lr} must be positive")
         require(self.resume in ("auto", "never"), f"train.resume={self.resume!r}: use auto or never")
+        require(
+            self.init_encoding in ("same", "changed"),
+            f"train.init_encoding={self.init_encoding!r}: use same (train.init_from's run's encoding) or "
+            "changed (a second stage: context extension, DroPE)",
+        )
         require(self.warmup_steps >= 0, f"train.warmup_steps={self.warmup_steps} must be >= 0")
         require(0 <= self.min_lr_ratio <= 1, f"train.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         require(self.precision in PRECISIONS, f"train.precision={self.precision!r}: use auto, bf16 or fp32")
