@@ -140,8 +140,9 @@ class RoPE(Encoding):
         self.attention_factor = attention_factor(scaling, scaling_factor)  # sqrt(1/t): YaRN's, else 1
         if scaling != "none":  # a scaling trained with (the extension stage): no evaluation-time variants
             self.variants = ()
-        self.register_buffer("kept", kept_frequencies(fraction, self.rotary_dim), persistent=False)  # (R/2,)
-        frequencies = scaled_frequencies(scaling, scaling_factor, base, self.rotary_dim, length) * self.kept
+        mask = kept_frequencies(fraction, self.rotary_dim)  # (R/2,): p-RoPE's kept frequencies
+        self.register_buffer("frequency_mask", mask, persistent=False)
+        frequencies = scaled_frequencies(scaling, scaling_factor, base, self.rotary_dim, length) * mask
         self.register_buffer("inv_freq", frequencies, persistent=False)  # (R/2,)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim), persistent=False)
@@ -162,8 +163,9 @@ class RoPE(Encoding):
             raise ValueError(f"rope scaling factor {factor} must be >= 1")
         saved = self.inv_freq, self.cos_cached, self.sin_cached, self.attention_factor
         length = self.dims.train_len if train_len is None else train_len
-        frequencies = scaled_frequencies(kind, factor, self.base, self.rotary_dim, length) * self.kept.cpu()
-        self.inv_freq = frequencies.to(self.inv_freq.device)  # p-RoPE's removed frequencies stay 0
+        frequencies = scaled_frequencies(kind, factor, self.base, self.rotary_dim, length)
+        frequencies = frequencies * self.frequency_mask.cpu()  # p-RoPE's removed frequencies stay 0
+        self.inv_freq = frequencies.to(self.inv_freq.device)
         self.cos_cached = self.cos_cached[:0]  # (0, R)
         self.sin_cached = self.sin_cached[:0]  # (0, R)
         self.attention_factor = attention_factor(kind, factor)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from posab.forms.base import QUERY_CHUNK, causal_mask, compute_dtype
-from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads
+from posab.forms.chunked import ChunkedAttention, Kernel, LogitGrads, explicit_forward
 
 
 class Biased(Kernel):
@@ -44,6 +44,8 @@ class Biased(Kernel):
         return self.mask, self.whole, self.factor_query, self.factor_key
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if q.shape[-1] != v.shape[-1]:  # wider q and k (PoPE's): the flash kernel needs one head size
+            return explicit_forward(self, q, k, v)
         attn_mask = None if self.scores_mask is None else self.scores_mask.to(q.dtype)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, self.scores_mask is None, attn_mask=attn_mask
@@ -59,16 +61,23 @@ class Biased(Kernel):
         # (L, L): the causal mask alone, when no mask gives the scores theirs
         self.causal = causal_mask(q.shape[-2], q.device) if self.scores_mask is None else None
 
-    def probabilities(self, q: Tensor, k: Tensor, lse: Tensor, start: int, end: int) -> tuple[Tensor, Any]:
-        """P = exp(q k^T / sqrt(d) + mask - lse) of query rows start:end over keys 0:end (c = n here)."""
+    def scores(self, q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
+        """q k^T / sqrt(d) + mask of query rows start:end over keys 0:end (c = n here), in the scores' dtype:
+        (B, H, c', end)."""
         dtype, scale = compute_dtype(q), 1.0 / q.shape[-1] ** 0.5
+        if self.scores_mask is None and self.causal is None:
+            self.causal = causal_mask(q.shape[-2], q.device)
         chunk_mask = (
             self.causal[start:end, :end]
             if self.causal is not None
             else self.scores_mask[..., start:end, :end]
         )
-        probs = torch.matmul(q[:, :, start:end], k[:, :, :end].transpose(-1, -2)).to(dtype)  # (B, H, c, end)
-        return probs.mul_(scale).add_(chunk_mask).sub_(lse[..., None]).exp_(), None
+        scores = torch.matmul(q[:, :, start:end], k[:, :, :end].transpose(-1, -2)).to(dtype)  # (B, H, c, end)
+        return scores.mul_(scale).add_(chunk_mask)
+
+    def probabilities(self, q: Tensor, k: Tensor, lse: Tensor, start: int, end: int) -> tuple[Tensor, Any]:
+        """P = exp(q k^T / sqrt(d) + mask - lse) of query rows start:end over keys 0:end (c = n here)."""
+        return self.scores(q, k, start, end).sub_(lse[..., None]).exp_(), None
 
     def score_backward(
         self, chunk: Any, d_scores: Tensor, q: Tensor, k: Tensor, start: int, end: int
