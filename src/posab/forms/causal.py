@@ -31,6 +31,8 @@ class Causal(Form):
             return flex(q, k, v, None, window=self.window)
         if dropout == 0.0 and torch.is_grad_enabled():
             return biased_attention(q, k, v, self.band(q, k))  # faster than SDPA's flash backward
+        if dropout == 0.0 and q.shape[-1] != v.shape[-1]:  # no fused kernel (PoPE): by chunks of rows, not
+            return biased_attention(q, k, v, self.band(q, k))  # SDPA's fallback over every (L, L) score
         return sdpa(q, k, v, self.band(q, k), dropout)
 
     def accelerated(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
