@@ -29,10 +29,10 @@ class Causal(Form):
     def on_cpu(self, q: Tensor, k: Tensor, v: Tensor, dropout: float, backend: str) -> Tensor:
         if dropout == 0.0 and backend == "flex" and not torch.is_grad_enabled():
             return flex(q, k, v, None, window=self.window)
-        if dropout == 0.0 and torch.is_grad_enabled():
-            return biased_attention(q, k, v, self.band(q, k))  # faster than SDPA's flash backward
-        if dropout == 0.0 and q.shape[-1] != v.shape[-1]:  # no fused kernel (PoPE): by chunks of rows, not
-            return biased_attention(q, k, v, self.band(q, k))  # SDPA's fallback over every (L, L) score
+        # the chunked core: faster than SDPA's flash backward in training, and where q is wider than v
+        # (PoPE) SDPA's fallback would hold every (L, L) score
+        if dropout == 0.0 and (torch.is_grad_enabled() or q.shape[-1] != v.shape[-1]):
+            return biased_attention(q, k, v, self.band(q, k))
         return sdpa(q, k, v, self.band(q, k), dropout)
 
     def accelerated(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
