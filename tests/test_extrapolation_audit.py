@@ -20,6 +20,7 @@ from posab.encodings.base import Dims, Encoding, Positions
 from posab.encodings.cope import CoPE
 from posab.encodings.fox import FoX
 from posab.encodings.multiscale import MultiScale
+from posab.encodings.path import PaTH
 from posab.errors import ConfigError
 from posab.evaluate import EvalConfig, run_evaluator
 from posab.evaluate.context import EvalContext
@@ -42,6 +43,7 @@ LENGTHS = [16, 32, 64]
 CONTENT_REPORTED = {  # part 4: what the content-dependent encodings' forms (and their subclasses') report
     FoX: ("gate_log", "gate_bias_far"),
     CoPE: ("cope_count_last", "cope_count_mean", "cope_count_max", "cope_clamped"),
+    PaTH: ("path_beta", "path_kept_far", "path_turn_far"),  # PaTH-FoX: and its gates' (below)
 }
 # Every encoding is audited alike: a bias curve exactly where it offers its bias by distance (`distance_bias`,
 # which must then be the model's own bias; an additive bias without one fails), novelty exactly where it
@@ -217,6 +219,8 @@ def test_every_encoding_gets_attention_statistics_and_bias_curves_where_it_has_t
     content = {(name, int(length)) for name, length in means if name in AUDIT_CONTENT_METRICS}
     reported = [names for kind, names in CONTENT_REPORTED.items() if isinstance(ctx.model.encoding, kind)]
     expected = {name: LENGTHS for names in reported for name in names}
+    if isinstance(ctx.model.encoding, PaTH) and ctx.model.encoding.forget_gate:
+        expected.update({name: LENGTHS for name in CONTENT_REPORTED[FoX]})
     if isinstance(ctx.model.encoding, CoPE):  # read against the pass at the training length, past it
         expected["cope_past_trained"] = [length for length in LENGTHS if length > TRAIN_LEN]
     assert content == {(name, length) for name, lengths in expected.items() for length in lengths}

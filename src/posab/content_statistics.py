@@ -55,6 +55,26 @@ CONTENT_TABLES = (
         ),
     ),
     ContentTable(
+        "Householder transforms (PaTH)",
+        ("path_beta", "path_kept_far", "path_turn_far"),
+        (
+            ContentColumn("path_beta", True, ".3f"),
+            ContentColumn("path_kept_far", True, ".3f"),
+            ContentColumn("path_kept_far", False, ".3f"),
+            ContentColumn("path_kept_far", False, ".3f", largest_head=True),
+            ContentColumn("path_turn_far", False, ".3f"),
+        ),
+        (
+            "path_beta@T: the mean strength beta of the transforms H_s = I − beta_s w_s w_s^T, in (0, 2), "
+            "mean over layers and heads (`audit/path_beta@T`)",
+            "path_kept_far@N: the share |H_{N−1} ... H_{j+1} k_j| / |k_j| of the norm of the window's first "
+            "16 keys that reaches its last query (`audit/path_kept_far@N`): how far the transforms carry a "
+            "key; (largest head): the head that carries keys farthest",
+            "path_turn_far@L: the cosine between those keys and themselves carried to the last query (1: not "
+            "turned)",
+        ),
+    ),
+    ContentTable(
         "position counts (CoPE)",
         ("cope_count_last", "cope_count_mean", "cope_count_max", "cope_clamped", "cope_past_trained"),
         (
