@@ -16,7 +16,7 @@ import torch
 import posab
 from conftest import ENCODINGS, isolated_env, tiny_model
 from posab.bench.bias import BIASED, skip_note
-from posab.bench.chunks import CHUNK_ROWS, KERNEL_RUNS, TOLERANCE
+from posab.bench.chunks import CHUNK_ROWS, KERNEL_RUNS, OWN_CHUNKED, TOLERANCE
 from posab.bench.inputs import document_structure
 from posab.bench.kernels import kernel_facts
 from posab.bench.measure import peak_memory
@@ -140,8 +140,8 @@ def test_flops_section_and_report(bench_dir: Path) -> None:
 def test_chunk_section_times_every_kernel_at_every_chunk(bench_dir: Path) -> None:
     rows = read_csv(bench_dir / "section7_chunks.csv")
     cells = {(r["kernel"], int(r["rows"])) for r in rows}
-    assert cells == {(k.__name__, n) for k in KERNEL_RUNS for n in CHUNK_ROWS}
-    for kernel in KERNEL_RUNS:
+    assert cells == {(k.__name__, n) for k in [*KERNEL_RUNS, *OWN_CHUNKED] for n in CHUNK_ROWS}
+    for kernel in [*KERNEL_RUNS, *OWN_CHUNKED]:
         ratios = [float(r["ratio_to_fastest"]) for r in rows if r["kernel"] == kernel.__name__]
         assert min(ratios) == 1.0 and all(ratio >= 1.0 for ratio in ratios), kernel
 
@@ -168,8 +168,10 @@ def test_every_kernel_on_the_chunked_core_is_in_the_chunk_sweep() -> None:
 def test_every_kernels_chunk_obeys_the_committed_chunk_sweep() -> None:
     """The chunk rule (`posab.bench.chunks`): each kernel's declared chunk is within the tolerance of the
     fastest in the committed full run's section 7."""
-    rows = read_csv(Path(__file__).parents[1] / FULL_OUT / "chunks" / "section7_chunks.csv")
-    for kernel in KERNEL_RUNS:
+    full = Path(__file__).parents[1] / FULL_OUT
+    rows = [*read_csv(full / "chunks" / "section7_chunks.csv")]
+    rows += read_csv(full / "path_chunks" / "section7_chunks.csv")  # PaTH's, timed on its own
+    for kernel in [*KERNEL_RUNS, *OWN_CHUNKED]:
         ours = [r for r in rows if r["kernel"] == kernel.__name__]
         measured = {int(r["rows"]): float(r["ratio_to_fastest"]) for r in ours}
         assert set(measured) == set(CHUNK_ROWS), kernel

@@ -8,7 +8,11 @@ of the fastest one's. The tolerance keeps a chunk that a rerun cannot tell from 
 fixes the order in which dk and dv sum over chunks, so changing it changes every committed number of the
 kernel's runs. tests/test_bench.py holds every kernel's `chunk` to the committed table,
 results/bench/chunks/section7_chunks.csv (`posab bench --sections 7 --repeats 15 --out
-results/bench/chunks`, on a quiet machine), and every `Kernel` subclass to a row of KERNEL_RUNS.
+results/bench/chunks`, on a quiet machine), and every `Kernel` subclass to a row of KERNEL_RUNS. PaTH's
+kernel (`encodings.path_kernel.PathAttention`), which has its own backward pass over chunks of tokens,
+declares its `chunk` by the same rule (OWN_CHUNKED; `posab bench --sections 7 --encodings path --repeats 15
+--out results/bench/path_chunks`): with `--encodings`, the section times only those encodings' kernels and
+the references' that `--encodings` always adds (ALiBi's: the additive kernel).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from posab.bench.steps import training_step
 from posab.encodings.cope_kernel import Counting
 from posab.encodings.dape_kernel import Mixing
 from posab.encodings.fox_kernel import Forgetful
+from posab.encodings.path_kernel import PathAttention
 from posab.forms.chunked import Kernel
 from posab.forms.kernels import Biased
 
@@ -37,10 +42,11 @@ KERNEL_RUNS: dict[type[Kernel], str] = {
     Counting: "cope",
     Mixing: "dape_alibi",
 }
+OWN_CHUNKED: dict[type, str] = {PathAttention: "path"}  # kernels off the core that read a `chunk` alike
 
 
 @contextlib.contextmanager
-def chunked_by(kernel: type[Kernel], rows: int) -> Iterator[None]:
+def chunked_by(kernel: type, rows: int) -> Iterator[None]:
     """`kernel.chunk` set to `rows` while inside (the kernels read it at every pass)."""
     declared = kernel.chunk
     kernel.chunk = rows
@@ -50,7 +56,7 @@ def chunked_by(kernel: type[Kernel], rows: int) -> Iterator[None]:
         kernel.chunk = declared
 
 
-def step_chunked_by(kernel: type[Kernel], rows: int, step: Callable[[], object]) -> Callable[[], object]:
+def step_chunked_by(kernel: type, rows: int, step: Callable[[], object]) -> Callable[[], object]:
     """`step` run with `kernel.chunk` set to `rows`."""
 
     def run() -> object:
@@ -62,11 +68,13 @@ def step_chunked_by(kernel: type[Kernel], rows: int, step: Callable[[], object])
 
 def section(settings: Settings, progress: Progress) -> Result:
     result = Result("section7_chunks", "7. The chunked core's chunk size: training step per kernel and chunk")
-    kernels = {kernel.__name__: kernel for kernel in KERNEL_RUNS}
+    runs: dict[type, str] = {**KERNEL_RUNS, **OWN_CHUNKED}
+    chosen = set(settings.encodings) or set(runs.values())
+    kernels = {kernel.__name__: kernel for kernel, encoding in runs.items() if encoding in chosen}
     cases = [(name, rows) for name in kernels for rows in CHUNK_ROWS]
     steps = []
     for name, rows in progress.over(cases, "section 7"):
-        cfg = settings.config(KERNEL_RUNS[kernels[name]])
+        cfg = settings.config(runs[kernels[name]])
         steps.append(step_chunked_by(kernels[name], rows, training_step(posab_model(cfg), cfg)))
     progress.note(f"{len(cases)} steps ({len(kernels)} kernels x {len(CHUNK_ROWS)} chunks), interleaved")
     times = dict(zip(cases, median_times(steps, settings.warmup, settings.repeats), strict=True))
@@ -77,7 +85,7 @@ def section(settings: Settings, progress: Progress) -> Result:
             result.rows.append(
                 {
                     "kernel": name,
-                    "encoding": KERNEL_RUNS[kernel],
+                    "encoding": runs[kernel],
                     "rows": rows,
                     "step_s": times[name, rows],
                     "ratio_to_fastest": ratio,

@@ -101,6 +101,12 @@ GOALS: tuple[Goal, ...] = (
     Goal(EVAL, "encoding=swan length=longest", "peak_ratio_to_alibi <= 1", EVAL_MEMORY),
     Goal(EVAL, "encoding=rnope_swa length=longest", "peak_ratio_to_alibi <= 1", EVAL_MEMORY),
     Goal(EVAL, "encoding=stickbreaking length=longest", "peak_ratio_to_alibi <= 0.25", EVAL_MEMORY),
+    # PaTH and PaTH-FoX (issue 59): the UT transform per chunk and a state of carried keys updated per chunk
+    # beside an explicit softmax (3x), and no (L, L) tensor at evaluation (at most ALiBi's mask)
+    Goal(STEP, "encoding=path", "ratio_to_nope <= 3", STEP_RATIO),
+    Goal(STEP, "encoding=path_fox", "ratio_to_nope <= 3", STEP_RATIO),
+    Goal(EVAL, "encoding=path length=longest", "peak_ratio_to_alibi <= 1", EVAL_MEMORY),
+    Goal(EVAL, "encoding=path_fox length=longest", "peak_ratio_to_alibi <= 1", EVAL_MEMORY),
     # the training step against x-transformers' with the same sizes
     Goal(PEER, "posab=rope", "ratio <= 0.6", PEER_RATIO),
     Goal(PEER, "posab=alibi", "ratio <= 0.6", PEER_RATIO),
