@@ -6,7 +6,9 @@ from before a setting existed stays compatible at the setting's old value; and t
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -79,6 +81,8 @@ def test_a_second_stage_starts_from_the_first_stages_weights(
         assert torch.equal(weight, saved[name]), name
     results = run_main(overrides, tmp_path)
     assert results["status"] == "finished" and math.isfinite(results["val_loss"])
+    parent = results["parent"]  # the stage records the run it continues
+    assert parent["run"] == str(first_stage) and parent["encoding"] == "rope" and parent["steps"] > 0
 
 
 def test_a_second_stage_says_what_it_needs(first_stage: Path, tmp_path: Path) -> None:
@@ -86,6 +90,18 @@ def test_a_second_stage_says_what_it_needs(first_stage: Path, tmp_path: Path) ->
         run_main([*STAGE, "train.init_encoding=changed"], tmp_path / "a")
     with pytest.raises(ConfigError, match=r"encoding\.name: 'rope' in the checkpoint, 'nope' now"):
         run_main([*STAGE, "encoding=nope", f"train.init_from={first_stage}"], tmp_path / "b")
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(first_stage, unfinished)
+    results = json.loads((unfinished / "results.json").read_text())
+    (unfinished / "results.json").write_text(json.dumps({**results, "status": "running"}))
+    with pytest.raises(ConfigError, match=r"unfinished: that run has not finished \(status: running\)"):
+        run_main([*STAGE, "encoding=nope", f"train.init_from={unfinished}", "train.init_encoding=changed"],
+                 tmp_path / "d")  # fmt: skip
+    with pytest.raises(ConfigError, match="does not exist"):  # a finished run whose weights are gone
+        (unfinished / "results.json").write_text(json.dumps(results))
+        (unfinished / CHECKPOINTS["latest"]).unlink()
+        run_main([*STAGE, "encoding=nope", f"train.init_from={unfinished}", "train.init_encoding=changed"],
+                 tmp_path / "e")  # fmt: skip
     with pytest.raises(ConfigError, match="train.init_encoding='sometimes': use same"):
         typed_config([*STAGE, "train.init_encoding=sometimes"])
     with pytest.raises(ConfigError, match="model.d_model"):

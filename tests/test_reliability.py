@@ -101,6 +101,38 @@ def test_resume_after_sigkill_is_exact(uninterrupted: tuple[Path, Path], tmp_pat
 
 
 @pytest.mark.e2e
+def test_a_stage_resumes_after_sigkill_exactly_and_records_its_parent(
+    uninterrupted: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A second stage (issue 59) continued from the finished reference run with its encoding changed
+    (DroPE's move: the bias dropped, NoPE continues), killed past its checkpoint of step 10: the rerun
+    resumes from the stage's own checkpoint, not from the parent's weights again, and ends bit for bit as
+    the uninterrupted stage; both record their parent."""
+    reference, cache = uninterrupted
+    stage = [f"train.init_from={reference}", "train.init_encoding=changed"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    done = run_train(stage_args(whole, cache, *stage))
+    assert done.returncode == 0, done.stderr[-2000:]
+    proc = start_train(stage_args(killed, cache, *stage))
+    wait_for_step(killed, 11, proc)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    saved_step = torch.load(killed / "checkpoint.pt", weights_only=True)["step"]
+    again = run_train(stage_args(killed, cache, *stage))
+    assert again.returncode == 0, again.stderr[-2000:]
+    results = json.loads((killed / "results.json").read_text())
+    assert results["status"] == "finished" and results["resumed_from_step"] == saved_step >= 10
+    assert results["parent"] == {"run": str(reference), "encoding": "multiscale", "steps": 30,
+                                 "git_commit": results["git_commit"]}  # fmt: skip
+    assert_same_run(whole, killed)
+
+
+def stage_args(run: Path, cache: Path, *more: str) -> list[str]:
+    """A stage's arguments: `args_for`'s with NoPE for the reference run's multi-scale bias."""
+    return [arg for arg in args_for(run, cache, *more) if arg != "encoding=multiscale"] + ["encoding=nope"]
+
+
+@pytest.mark.e2e
 def test_sigterm_saves_a_checkpoint_and_exits_with_its_own_code(
     uninterrupted: tuple[Path, Path], tmp_path: Path
 ) -> None:

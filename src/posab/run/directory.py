@@ -157,6 +157,29 @@ def load_model_state(
     return int(state["step"])
 
 
+def parent_run(cfg: Config) -> dict[str, Any] | None:
+    """The run a stage starts from (`train.init_from`), as its results.json records it: its folder, encoding,
+    steps and commit; None without one. A ConfigError unless that run has finished (a stage continues a
+    finished run's final model, not a checkpoint on the way)."""
+    if cfg.train.init_from is None:
+        return None
+    folder = Path(cfg.train.init_from)
+    results_path = folder / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    status = results.get("status", "no results.json")
+    if status != "finished":
+        raise ConfigError(
+            f"train.init_from={folder}: that run has not finished (status: {status}); a stage continues a "
+            "finished run: finish it (rerun its command) or give another run's folder"
+        )
+    return {
+        "run": str(folder),
+        "encoding": results.get("encoding"),
+        "steps": results.get("train", {}).get("steps"),
+        "git_commit": results.get("git_commit"),
+    }
+
+
 def load_initial_model(cfg: Config, model: DecoderLM) -> None:
     """The model of the run in `train.init_from` (its latest checkpoint); with `train.init_encoding=changed`
     (a second stage) the encoding may differ from that run's (`load_changed_encoding`)."""

@@ -38,6 +38,7 @@ from posab.run.directory import (
     CHECKPOINTS,
     keep_finished_run,
     load_initial_model,
+    parent_run,
     previous_wandb_id,
     resume_state,
     save_checkpoint,
@@ -153,6 +154,8 @@ def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict
         results.update(
             run_header(cfg), resumed_from_step=resume["step"] if resume else None, world_size=w.size
         )
+        if cfg.train.init_from is not None:
+            results["parent"] = parent_run(cfg)  # the run this stage continues
         write_json(run_dir / "results.json", results)
         logger = build_loggers(cfg, raw_cfg, run_dir, job, resuming=resume is not None)
         results.update(_train(cfg, run_dir, logger, resume))
