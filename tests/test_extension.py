@@ -21,6 +21,7 @@ from posab.data import prepare_data
 from posab.encodings import Dims
 from posab.encodings.rope import RoPE, attention_factor, rope_frequencies, scaled_frequencies
 from posab.errors import ConfigError
+from posab.report.rundirs import load_run
 from posab.run.directory import CHECKPOINTS, check_compatible, load_checkpoint, load_initial_model
 
 DIMS = Dims(d_model=32, n_heads=2, train_len=256)  # head_dim 16
@@ -83,6 +84,8 @@ def test_a_second_stage_starts_from_the_first_stages_weights(
     assert results["status"] == "finished" and math.isfinite(results["val_loss"])
     parent = results["parent"]  # the stage records the run it continues
     assert parent["run"] == str(first_stage) and parent["encoding"] == "rope" and parent["steps"] > 0
+    # the report reads the stage's row by its parent's encoding, not by the folder (one per seed)
+    assert load_run(tmp_path).config["train.init_from"] == "rope"
 
 
 def test_a_second_stage_says_what_it_needs(first_stage: Path, tmp_path: Path) -> None:

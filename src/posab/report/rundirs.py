@@ -73,10 +73,13 @@ def _depth_below_sweep(run_dir: Path) -> int:
     return 1
 
 
+INIT_FROM = "train.init_from"  # a stage's parent run (`with_parent`)
+
+
 def load_run(path: Path, name: str | None = None) -> RunRecord:
     """Read one run directory; a failed run may hold little more than its status and error."""
     results = _read_results(path / "results.json")
-    config = read_config(path / "config.yaml")
+    config = with_parent(read_config(path / "config.yaml"), results)
     metrics, series = _metrics_and_series(results)
     info = _run_info(results, config)
     seed = results.get("seed", config.get("seed"))
@@ -114,6 +117,17 @@ def _read_results(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except (OSError, ValueError) as err:
         return {"status": "failed", "error": f"unreadable results.json: {err}"}
+
+
+def with_parent(config: dict[str, str], results: dict[str, Any]) -> dict[str, str]:
+    """A stage's `train.init_from` read as the encoding of the run it continues (results.json `parent`):
+    the same row's stages, each continued from its own seed's run, share one value, and a stage is told
+    from another by its parent's encoding (DroPE's NoPE from RoPE, NoPE continued from NoPE). A stage from
+    before the parent was recorded keeps the folder."""
+    parent = results.get("parent")
+    if config.get(INIT_FROM, "null") == "null" or not isinstance(parent, dict) or not parent.get("encoding"):
+        return config
+    return {**config, INIT_FROM: str(parent["encoding"])}
 
 
 def read_config(path: Path) -> dict[str, str]:
