@@ -24,9 +24,11 @@ transform (with G the gradient of the carried K_m: dK_m = G - (G W^T) Y, dY = -(
 dW = -(K_m Y^T)^T G); the chunk-local parts (q~, k~, the
 in-chunk logits, Y) are a few (C, C) and (C, d) products per chunk that autograd differentiates.
 
-Arithmetic: everything in the scores' dtype (float32, float64 for float64 inputs), never under autocast:
-a product of hundreds of transforms rounded to bf16 at each step drifts, and beta is kept in [0, 2] so
-that no rounding makes a transform expand (|1 - beta| > 1 compounds over positions). Cost per chunk of C
+Arithmetic: the transforms, the states and the scores in the scores' dtype (float32, float64 for float64
+inputs), never under autocast: a product of hundreds of transforms rounded to bf16 at each step drifts,
+and beta is kept in [0, 2] so that no rounding makes a transform expand (|1 - beta| > 1 compounds over
+positions). The attention's matmuls (q~ against the state, P V, their gradients) run in the values' dtype,
+bf16 under autocast, as every CPU kernel's here (`Step`). Cost per chunk of C
 queries over n keys: the scores (C n d), the output (C n d) and the state's update (2 C n d) forward,
 about twice the matmuls of plain attention; evaluation keeps one state, (B, H, n, d), and a chunk's scores.
 """
