@@ -47,7 +47,7 @@ class PathState(EncodingState):
     for PaTH-FoX, the gate sums of every cached key."""
 
     recent: Tensor | None = None  # (B, W_CONV - 1, H D): the last projections the convolution reads
-    cum: Tensor | None = None  # (B, H, n)
+    cum: Tensor | None = None  # (B, H, n), float64
 
 
 class PathLayer(nn.Module):
@@ -108,12 +108,16 @@ class PaTH(Encoding):
         if gate is None:
             return None
         logit = gate(x)  # (B, c, H)
-        cum = torch.cumsum(F.logsigmoid(logit.to(compute_dtype(logit))).transpose(1, 2), dim=-1)  # (B, H, c)
+        log_gates = F.logsigmoid(logit.to(compute_dtype(logit))).transpose(1, 2)  # (B, H, c)
+        # summed in float64, then rounded: a cached step continues the sum where a full pass recomputes it,
+        # and in float32 the two orders differ by c's last digits (|c| ~ 0.7 a token), 1.3e-5 of the logits'
+        # scale at 2,048 (FoX's 5.5e-6, docs/performance.md); in float64 both round to the same floats
+        cum = torch.cumsum(log_gates.double(), dim=-1)  # (B, H, c)
         if state is not None:
             if state.cum is not None:
                 cum = torch.cat([state.cum, cum + state.cum[..., -1:]], dim=-1)  # (B, H, n)
             state.cum = cum
-        return cum
+        return cum.to(log_gates.dtype)
 
     def layer_form(
         self, form: Form, layer: int, x: Tensor | None = None, cache: LayerCache | None = None

@@ -152,17 +152,12 @@ class Step:
         scores = local.new_empty((*local.shape[:3], seen + size))  # (B, H, C, seen + C)
         scores[..., :seen] = self.queries[:, :, rows] @ state.to(self.operand).transpose(-1, -2)
         scores[..., seen:] = local
-        if self.cum is not None:  # - c_j; the rows' + c_i rides on their log-sum-exp (`row_gates`)
-            scores.sub_(self.cum[..., None, : seen + size])
+        if self.cum is not None:  # c_i - c_j, the difference taken first: c grows with the position
+            # (~-0.7 a token at FoX's initialisation), and c_i or c_j rounded alone to float32 loses the
+            # logit's last digits past a few hundred tokens (as `fox_kernel`)
+            at = slice(seen, seen + size)
+            scores.add_(self.cum[..., at, None] - self.cum[..., None, : seen + size])
         return scores
-
-    def row_gates(self, m: int) -> Tensor | float:
-        """c_i of chunk m's queries (B, H, C), the part of the gate bias c_i - c_j that is constant along
-        a row: `scores` leaves it out and the row's log-sum-exp carries it (0 without gates)."""
-        if self.cum is None:
-            return 0.0
-        at = slice(self.seen(m), self.seen(m) + self.chunks.size)
-        return self.cum[..., at]
 
     def mask(self, scores: Tensor) -> Tensor:
         """-inf at each query's future keys (the last C columns' upper triangle), in place."""
@@ -205,7 +200,7 @@ def path_forward(step: Step, before: Tensor, keep: bool) -> tuple[Tensor, Tensor
         top = scores.amax(dim=-1, keepdim=True)  # (B, H, C, 1): finite (each query sees itself)
         probs = exp_floored(scores.sub_(top))
         sums = probs.sum(dim=-1, keepdim=True)  # (B, H, C, 1)
-        lse[:, :, rows] = (top + sums.log())[..., 0] + step.row_gates(m)
+        lse[:, :, rows] = (top + sums.log())[..., 0]
         weighted = probs.to(step.operand) @ step.values[:, :, : probs.shape[-1]]  # (B, H, C, Dv)
         out[:, :, rows] = weighted / sums.to(weighted.dtype)
         if keep:
@@ -239,8 +234,7 @@ def path_backward(
             d_y[:, :, rows] = -(along.transpose(-1, -2) @ state)
             d_w[:, :, rows] = -((state @ y_m.transpose(-1, -2)).transpose(-1, -2) @ d_carried)
             d_keys[:, :, rows] = d_state[..., seen:, :]
-        shift = lse[:, :, rows] - step.row_gates(m)  # (B, H, C)
-        probs = step.probabilities(step.scores(state, m), shift)  # P: (B, H, C, seen + C)
+        probs = step.probabilities(step.scores(state, m), lse[:, :, rows])  # P: (B, H, C, seen + C)
         d_out_m, probs_op = d_out[:, :, rows], probs.to(operand)  # (B, H, C, Dv)
         values = step.values[:, :, : probs.shape[-1]]
         d_values[:, :, : probs.shape[-1]] += probs_op.transpose(-1, -2) @ d_out_m
@@ -450,9 +444,7 @@ class ScoreRun:
         width = self.step.before + self.step.chunks.count * size
         while self.done < last:
             if self.done >= first:
-                scores = self.step.scores(self.state, self.done)  # (B, H, C, seen + C)
-                gates = self.step.row_gates(self.done)
-                scores = self.step.mask(scores if isinstance(gates, float) else scores.add_(gates[..., None]))
+                scores = self.step.mask(self.step.scores(self.state, self.done))  # (B, H, C, seen + C)
                 self.kept.append(F.pad(scores, (0, width - scores.shape[-1]), value=float("-inf")))
             self.state = self.step.advance(self.state, self.done)
             self.done += 1
