@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posab.encodings.fox_kernel import Forgetting
 from posab.forms import Form, compute_dtype
 from posab.forms.base import without_autocast
 
@@ -389,10 +390,8 @@ class PathForm(Form):
                 "path_kept_far": kept.mean((0, 2)),
                 "path_turn_far": turn.mean((0, 2)),
             }
-            if self.cum is not None:
-                last = self.cum[..., -1]  # (B, H)
-                found["gate_log"] = (last / self.cum.shape[-1]).mean(0)
-                found["gate_bias_far"] = (last - self.cum[..., 0]).mean(0)
+            if self.cum is not None:  # FoX's own statistics of the same gate sums
+                found.update(Forgetting(self.cum, q.shape[-2]).content_statistics(q, k))
         return found
 
     def scores(self, q: Tensor, k: Tensor, start: int, end: int) -> Tensor:
