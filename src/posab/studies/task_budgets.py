@@ -2,12 +2,19 @@
 (conf/experiment/tasks_pilot.yaml), each task's budget is the fewest steps at which every reference (NoPE
 and RoPE by default) reaches exact match >= the target (0.95) at the training lengths on every pilot seed;
 a task that no budget of the ladder brings there is not learned within the cap, reported with the best each
-reference reached, and left out of the aggregate.
+reference reached, and left out of the aggregate. A budget counts only where every reference has finished
+on every seed the task's pilot has.
+
+The ladder may be run in increasing order and stopped at the first budget that meets the rule
+(scripts/pilot_ladder.sh): that is the budget the whole ladder gives, at a fraction of its cost for a task
+learned early. `--cap` names the ladder's top, so that a task stopped below it without learning reads as
+still running (`learned` false, `complete` false), not as left out.
 
     posab task-budgets SWEEP [DIR ...] --out results/tasks/pilot [--target 0.95] [--references nope rope]
+        [--cap 8000]
 
-Writes budgets.csv (task, budget or empty, learned, the cap, and per reference the exact match at the
-training lengths at each budget, the least over its seeds) and budgets.md.
+Writes budgets.csv (task, budget or empty, learned, complete, the cap, and per reference the exact match at
+the training lengths at each budget, the least over its seeds) and budgets.md.
 """
 
 from __future__ import annotations
@@ -54,19 +61,36 @@ def pilot_frame(runs: Sequence[RunRecord], references: Sequence[str]) -> pd.Data
     return pd.DataFrame(lines)
 
 
-def budgets(frame: pd.DataFrame, references: Sequence[str], target: float) -> pd.DataFrame:
-    """Per task: the fewest steps at which every reference's least seed reaches `target` (module
-    docstring), or none; the cap; the least exact_seen over seeds per (reference, steps)."""
+def budgets(
+    frame: pd.DataFrame, references: Sequence[str], target: float, cap: int | None = None
+) -> pd.DataFrame:
+    """Per task: the fewest steps at which every reference's least seed reaches `target` on every seed of
+    the task's pilot (module docstring), or none; whether the ladder is complete (learned, or run up to the
+    cap: by default its highest budget run); the least exact_seen over seeds per (reference, steps)."""
     lines = []
     for task, runs in frame.groupby("task"):
         least = runs.groupby(["encoding", "steps"])["exact_seen"].min()  # over seeds
         ladder = sorted(runs["steps"].unique())
-        reached = [s for s in ladder if all((e, s) in least and least[(e, s)] >= target for e in references)]
+        top = ladder[-1] if cap is None else cap
+        reached = learned_steps(runs, references, target)
         line = {"task": task, "budget": reached[0] if reached else None, "learned": bool(reached),
-                "cap": ladder[-1]}  # fmt: skip
+                "complete": bool(reached) or ladder[-1] >= top, "cap": top}  # fmt: skip
         line |= {f"{e}@{s}": least.get((e, s)) for e in references for s in ladder}
         lines.append(line)
     return pd.DataFrame(lines)
+
+
+def learned_steps(runs: pd.DataFrame, references: Sequence[str], target: float) -> list[int]:
+    """The budgets (ascending) of one task's pilot at which every reference has finished on every seed the
+    pilot has and its least seed reaches `target`."""
+    seeds = runs["seed"].nunique()
+    cells = runs.groupby(["encoding", "steps"])["exact_seen"]
+    least, counted = cells.min(), cells.count()  # over seeds
+    return [
+        steps
+        for steps in sorted(runs["steps"].unique())
+        if all(counted.get((e, steps), 0) == seeds and least[(e, steps)] >= target for e in references)
+    ]
 
 
 def budget_lines(table: pd.DataFrame, references: Sequence[str], target: float) -> list[str]:
@@ -75,12 +99,13 @@ def budget_lines(table: pd.DataFrame, references: Sequence[str], target: float) 
     body = [
         [
             line["task"],
-            f"{int(line['budget']):,}" if line["learned"] else f"not learned within {line['cap']:,}",
+            budget_cell(line),
             *("–" if pd.isna(line[c]) else f"{line[c]:.2f}" for c in head[2:]),
         ]  # fmt: skip
         for _, line in table.iterrows()
     ]
-    left_out = table.loc[~table["learned"], "task"].tolist()
+    left_out = table.loc[table["complete"] & ~table["learned"], "task"].tolist()
+    running = table.loc[~table["complete"], "task"].tolist()
     return [
         "# The task suite's budgets, set by learning",
         "",
@@ -90,8 +115,18 @@ def budget_lines(table: pd.DataFrame, references: Sequence[str], target: float) 
         *markdown_table(head, body),
         "",
         f"Left out of the aggregate (not learned within the cap): {', '.join(left_out) or 'none'}.",
+        *([f"Ladder still running (not learned yet, below the cap): {', '.join(running)}."] * bool(running)),
         "",
     ]
+
+
+def budget_cell(line: pd.Series) -> str:
+    """A task's budget, or why it has none."""
+    if line["learned"]:
+        return f"{int(line['budget']):,}"
+    if line["complete"]:
+        return f"not learned within {int(line['cap']):,}"
+    return f"not learned yet (cap {int(line['cap']):,})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,12 +137,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--target", type=float, default=TARGET, help="exact match to reach (default 0.95)")
     parser.add_argument("--references", nargs="+", default=list(REFERENCES), help="encodings that must learn")
+    parser.add_argument("--cap", type=int, help="the ladder's top budget (default: the highest one run)")
     args = parser.parse_args(argv)
+    if args.cap is not None and args.cap < 1:
+        print(f"error: --cap {args.cap}: give the ladder's top budget, in steps (> 0)", file=sys.stderr)
+        return 2
     if not 0.0 < args.target <= 1.0:
         print(f"error: --target {args.target}: use an exact match in (0, 1]", file=sys.stderr)
         return 2
     try:
-        table = budgets(pilot_frame(collect_runs(args.paths), args.references), args.references, args.target)
+        frame = pilot_frame(collect_runs(args.paths), args.references)
+        table = budgets(frame, args.references, args.target, args.cap)
     except (ReportError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
