@@ -74,6 +74,11 @@ def test_a_budget_needs_every_seed_and_a_ladder_below_its_cap_is_still_running(t
     text = (tmp_path / "out" / "budgets.md").read_text()
     assert "| copy | 2,000 |" in text and "| addition | not learned yet (cap 8,000) |" in text
     assert "not learned within the cap): none." in text and "still running (not learned yet" in text
+    sort_at_4000 = pilot_run("rope", "sort", 100, 4000, 0.5)  # a third budget that only one task has
+    ladders = budgets(pilot_frame([*runs, sort_at_4000], ["nope", "rope"]), ["nope", "rope"], 0.95)
+    assert [c for c in ladders.columns if "@" in c] == [
+        f"{e}@{s}" for e in ("nope", "rope") for s in (1000, 2000, 4000)
+    ]
     assert main([str(tmp_path), "--out", str(tmp_path / "o"), "--cap", "0"]) == 2
 
 

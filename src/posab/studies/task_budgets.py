@@ -77,7 +77,10 @@ def budgets(
                 "complete": bool(reached) or ladder[-1] >= top, "cap": top}  # fmt: skip
         line |= {f"{e}@{s}": least.get((e, s)) for e in references for s in ladder}
         lines.append(line)
-    return pd.DataFrame(lines)
+    table = pd.DataFrame(lines)
+    steps = sorted(frame["steps"].unique())
+    cells = [f"{e}@{s}" for e in references for s in steps]  # one reference's ladder, then the next
+    return table[[c for c in table.columns if "@" not in c] + cells]
 
 
 def learned_steps(runs: pd.DataFrame, references: Sequence[str], target: float) -> list[int]:
