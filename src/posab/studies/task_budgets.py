@@ -69,10 +69,11 @@ def budgets(
     cap: by default its highest budget run); the least exact_seen over seeds per (reference, steps)."""
     lines = []
     for task, runs in frame.groupby("task"):
-        least = runs.groupby(["encoding", "steps"])["exact_seen"].min()  # over seeds
+        cells = runs.groupby(["encoding", "steps"])["exact_seen"]
+        least, counted = cells.min(), cells.count()  # over seeds
         ladder = sorted(runs["steps"].unique())
         top = ladder[-1] if cap is None else cap
-        reached = learned_steps(runs, references, target)
+        reached = learned_steps(least, counted, runs["seed"].nunique(), references, target)
         line = {"task": task, "budget": reached[0] if reached else None, "learned": bool(reached),
                 "complete": bool(reached) or ladder[-1] >= top, "cap": top}  # fmt: skip
         line |= {f"{e}@{s}": least.get((e, s)) for e in references for s in ladder}
@@ -83,15 +84,16 @@ def budgets(
     return table[[c for c in table.columns if "@" not in c] + cells]
 
 
-def learned_steps(runs: pd.DataFrame, references: Sequence[str], target: float) -> list[int]:
-    """The budgets (ascending) of one task's pilot at which every reference has finished on every seed the
-    pilot has and its least seed reaches `target`."""
-    seeds = runs["seed"].nunique()
-    cells = runs.groupby(["encoding", "steps"])["exact_seen"]
-    least, counted = cells.min(), cells.count()  # over seeds
+def learned_steps(
+    least: pd.Series, counted: pd.Series, seeds: int, references: Sequence[str], target: float
+) -> list[int]:
+    """The budgets (ascending) of one task's pilot at which every reference has finished on all `seeds` of
+    the pilot and its least seed reaches `target`; `least` and `counted`: exact_seen's least and count over
+    seeds, indexed by (encoding, steps)."""
+    ladder = sorted({steps for _, steps in least.index})
     return [
         steps
-        for steps in sorted(runs["steps"].unique())
+        for steps in ladder
         if all(counted.get((e, steps), 0) == seeds and least[(e, steps)] >= target for e in references)
     ]
 
