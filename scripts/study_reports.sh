@@ -30,5 +30,6 @@ posab report "$S/extrapolation" --out "$S/extrapolation" "${C[@]}" --encodings m
   "multiscale, encoding.clamp=null, encoding.input=raw, encoding.lr_mult=10, encoding.max_dist=4096.0, train.precision=bf16, precision=bf16" \
   "multiscale, encoding.clamp=train, encoding.input=raw, encoding.lr_mult=10, encoding.max_dist=4096.0, train.precision=fp32, precision=fp32"
 posab report "$S/frontier" --out "$S/frontier" "${C[@]}" --references rope alibi multiscale
+posab report "$S/decisive" --out "$S/decisive" "${C[@]}" --references rope alibi multiscale
 posab report "$S/clamp_confirm" --out "$S/clamp_confirm" "${C[@]}" --references "multiscale, encoding.clamp=null"
 posab needle-report "$S/main" --out "$S/main"
