@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "the algorithmic task suite: accuracy, the NoPE study's ranking, orderings",
     ),
     "budget": ("posab.studies.budget", "the training budget's validation curves"),
+    "plateau": (
+        "posab.studies.plateau",
+        "the same encodings and seeds at B and at a longer budget, side by side",
+    ),
     "task-budgets": (
         "posab.studies.task_budgets",
         "each task's budget from the pilot: learned before measured",
