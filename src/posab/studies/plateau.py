@@ -56,13 +56,11 @@ def arm(run: RunRecord) -> dict[str, str]:
 
 
 def differences(short: RunRecord, long: RunRecord) -> tuple[str, ...]:
-    """The arm's settings that differ between two runs, a setting one of them lacks shown as `–`."""
+    """The arm's settings that both runs record and that differ between them. A setting one run lacks was
+    no option when it ran (an option added later keeps the behaviour from before it as its default), and the
+    report completes an encoding's options for every run (posab.report.rundirs.encoding_defaults)."""
     a, b = arm(short), arm(long)
-    return tuple(
-        f"{k}: {a.get(k, '–')} -> {b.get(k, '–')}"
-        for k in sorted(a.keys() | b.keys())
-        if a.get(k) != b.get(k)
-    )
+    return tuple(f"{k}: {a[k]} -> {b[k]}" for k in sorted(a.keys() & b.keys()) if a[k] != b[k])
 
 
 def steps_of(run: RunRecord) -> int:
@@ -227,17 +225,31 @@ def plateau_lines(frame: pd.DataFrame, order: pd.DataFrame, length: int, corpus:
         f"Orderings that do not hold on every seed: {', '.join(reversed_) or 'none'}.",
         "",
         "- arm differs: the settings of the encoding, the model and training (train.lr, precision, batch, "
-        "length, weight decay, anchors) that differ between the two runs; `–`: not recorded by that run",
+        "length, weight decay, anchors) that both runs record and that differ between them",
         "- mean gap at B: the pair's mean |Δ perplexity| at B over its seeds; a small gap can flip with the "
         "seed",
         "",
     ]
 
 
+def runs_of(paths: Sequence[Path]) -> list[RunRecord]:
+    """The runs behind `paths`, each once: report folders often share runs (a part folds in the runs of
+    another), so a run name met again is the same run, and the first met is kept."""
+    found: dict[str, RunRecord] = {}
+    for path in paths:
+        for run in collect_runs([path]):
+            found.setdefault(run.name, run)
+    return list(found.values())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="posab plateau", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--at-b", nargs="+", type=Path, required=True, help="the runs at B (folders, runs.csv)"
+        "--at-b",
+        nargs="+",
+        type=Path,
+        required=True,
+        help="the runs at B (folders, runs.csv; may share runs)",
     )
     parser.add_argument("--longer", nargs="+", type=Path, required=True, help="the runs at the longer budget")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
@@ -246,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     corpus = args.corpus
     try:
-        found = pairs(collect_runs(args.at_b), collect_runs(args.longer))
+        found = pairs(runs_of(args.at_b), collect_runs(args.longer))
     except (ReportError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
