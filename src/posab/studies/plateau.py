@@ -31,7 +31,7 @@ from posab.io import write_text
 from posab.keys import key_lengths, metric_key
 from posab.report.cli import collect_runs
 from posab.report.flat import FLAT_RATIO, run_ratio
-from posab.report.markdown import markdown_table
+from posab.report.markdown import MISSING, markdown_table
 from posab.report.records import SEQ_LEN_KEY, ReportError, RunRecord
 
 STEPS = "train.steps"
@@ -84,8 +84,8 @@ def pairs(short_runs: Sequence[RunRecord], long_runs: Sequence[RunRecord]) -> li
             and steps_of(s) < steps_of(long)
         ]
         if candidates:
-            short = min(candidates, key=lambda s: len(differences(s, long)))
-            found.append(Pair(short, long, differences(short, long)))
+            differs, short = min(((differences(s, long), s) for s in candidates), key=lambda c: len(c[0]))
+            found.append(Pair(short, long, differs))
     if not found:
         raise ReportError("no run at the longer budget has a run at B of its encoding and seed")
     return sorted(found, key=lambda p: (p.long.encoding, p.long.seed if p.long.seed is not None else -1))
@@ -155,12 +155,14 @@ def orderings(frame: pd.DataFrame, length: int) -> pd.DataFrame:
 
 
 def cell(value: float | None, digits: int = 2) -> str:
-    return "–" if value is None or pd.isna(value) else f"{value:.{digits}f}"
+    return MISSING if value is None or pd.isna(value) else f"{value:.{digits}f}"
 
 
 def flat_cell(ratio: float | None) -> str:
     return (
-        "–" if ratio is None or pd.isna(ratio) else f"{'flat' if ratio <= FLAT_RATIO else 'not'} {ratio:.3f}"
+        MISSING
+        if ratio is None or pd.isna(ratio)
+        else f"{'flat' if ratio <= FLAT_RATIO else 'not'} {ratio:.3f}"
     )
 
 
