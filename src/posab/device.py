@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
+import torch.nn.functional as F
 
 from posab.errors import ConfigError
 
@@ -31,10 +33,30 @@ def bf16_supported(device: torch.device) -> bool:
     return hardware and torch.backends.cpu.get_cpu_capability() in NATIVE_BF16_CAPABILITIES
 
 
+@functools.cache
+def cpu_bf16_attention_error() -> str | None:
+    """Why torch's bf16 attention cannot run on this CPU in this process, or None. With the kernel set
+    lowered below AVX-512 (ATEN_CPU_CAPABILITY=avx2 or default) on an AMX machine, torch 2.13's bf16
+    scaled-dot-product attention raises from 64 keys on, so bf16 cannot train or evaluate there."""
+    probe = torch.zeros(1, 1, 64, 16, dtype=torch.bfloat16)  # (B, H, L, D): long enough for the packed path
+    try:
+        F.scaled_dot_product_attention(probe, probe, probe, is_causal=True)
+    except RuntimeError as err:
+        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return None
+
+
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """bf16 when asked, or with `auto` where the hardware has native bf16; None means fp32."""
+    """bf16 when asked, or with `auto` where the hardware has native bf16; None means fp32. An explicit
+    bf16 that this CPU's torch cannot run is refused here, before anything is trained."""
     if precision == "fp32" or (precision == "auto" and not bf16_supported(device)):
         return None
+    if device.type == "cpu" and (error := cpu_bf16_attention_error()) is not None:
+        capability = torch.backends.cpu.get_cpu_capability()
+        raise ConfigError(
+            f"precision={precision}: torch cannot run bf16 attention on this CPU with its {capability} "
+            f'kernel set ("{error}"); use precision=auto or fp32, or unset ATEN_CPU_CAPABILITY'
+        )
     return torch.bfloat16
 
 
