@@ -95,6 +95,7 @@ def test_the_command_writes_the_table_and_names_the_orderings_that_do_not_hold(t
     text = (out / "plateau.md").read_text()
     assert "Orderings that do not hold on every seed: nope vs rope, multiscale vs rope." in text
     assert "not 1.132 → flat 1.082" in text  # NoPE seed 0: broken at B, flat at 4B
+    assert "Flat verdicts that change with the budget: nope seed 0 (not → flat)." in text
     assert len((out / "plateau.csv").read_text().splitlines()) == 1 + 5
 
 

@@ -166,6 +166,20 @@ def flat_cell(ratio: float | None) -> str:
     )
 
 
+def flat_changes(frame: pd.DataFrame) -> list[str]:
+    """The runs whose flat verdict differs between the budgets, as "encoding seed N (flat → not)"; a run
+    with a ratio missing at either budget has no verdict to compare."""
+    changed = []
+    for _, line in frame.iterrows():
+        ratios = (line["ratio_b"], line["ratio_longer"])
+        if any(ratio is None or pd.isna(ratio) for ratio in ratios):
+            continue
+        verdicts = ["flat" if ratio <= FLAT_RATIO else "not" for ratio in ratios]
+        if verdicts[0] != verdicts[1]:
+            changed.append(f"{line['encoding']} seed {line['seed']} ({verdicts[0]} → {verdicts[1]})")
+    return changed
+
+
 def run_cells(frame: pd.DataFrame, length: int) -> list[list[str]]:
     """plateau.md's first table: each encoding and seed, B -> the longer budget."""
     return [
@@ -216,6 +230,8 @@ def plateau_lines(frame: pd.DataFrame, order: pd.DataFrame, length: int, corpus:
         "training length at every longer length (on the same corpus). Exploratory: a few seeds give no test.",
         "",
         *markdown_table(head, run_cells(frame, length)),
+        "",
+        f"Flat verdicts that change with the budget: {', '.join(flat_changes(frame)) or 'none'}.",
         "",
         f"## Orderings at {length}: the lower perplexity, seed by seed",
         "",
