@@ -46,16 +46,23 @@ def cpu_bf16_attention_error() -> str | None:
     return None
 
 
+def cpu_bf16_unavailable() -> str | None:
+    """Why this CPU cannot run bf16 in this process (torch's error and the kernel set), or None."""
+    error = cpu_bf16_attention_error()
+    if error is None:
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f'torch cannot run bf16 attention on this CPU with its {capability} kernel set ("{error}")'
+
+
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """bf16 when asked, or with `auto` where the hardware has native bf16; None means fp32. An explicit
     bf16 that this CPU's torch cannot run is refused here, before anything is trained."""
     if precision == "fp32" or (precision == "auto" and not bf16_supported(device)):
         return None
-    if device.type == "cpu" and (error := cpu_bf16_attention_error()) is not None:
-        capability = torch.backends.cpu.get_cpu_capability()
+    if device.type == "cpu" and (why := cpu_bf16_unavailable()) is not None:
         raise ConfigError(
-            f"precision={precision}: torch cannot run bf16 attention on this CPU with its {capability} "
-            f'kernel set ("{error}"); use precision=auto or fp32, or unset ATEN_CPU_CAPABILITY'
+            f"precision={precision}: {why}; use precision=auto or fp32, or unset ATEN_CPU_CAPABILITY"
         )
     return torch.bfloat16
 

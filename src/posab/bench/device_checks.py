@@ -24,7 +24,7 @@ from posab.bench.device_numerics import (
 )
 from posab.bench.device_step import step_cost
 from posab.config import Config
-from posab.device import bf16_supported, cpu_bf16_attention_error
+from posab.device import bf16_supported, cpu_bf16_unavailable
 from posab.model import DecoderLM
 
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}  # name -> autocast dtype
@@ -95,14 +95,11 @@ class Row:
 
 def bf16_skip(device: torch.device) -> str | None:
     """Why bf16 autocast is not checked on `device`, or None: a GPU without bf16 is skipped, and so is a
-    CPU whose torch cannot run bf16 attention in this process (`cpu_bf16_attention_error`); other CPUs
+    CPU whose torch cannot run bf16 attention in this process (`cpu_bf16_unavailable`); other CPUs
     run it, natively or emulated (slowly; the row's note says so)."""
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return f"{torch.cuda.get_device_name(device)} does not support bf16"
-    if device.type == "cpu" and (error := cpu_bf16_attention_error()) is not None:
-        capability = torch.backends.cpu.get_cpu_capability()
-        return f'torch cannot run bf16 attention on this CPU with its {capability} kernel set ("{error}")'
-    return None
+    return cpu_bf16_unavailable() if device.type == "cpu" else None
 
 
 def precision_notes(device: torch.device, precision: str) -> list[str]:

@@ -158,12 +158,12 @@ def cell(value: float | None, digits: int = 2) -> str:
     return MISSING if value is None or pd.isna(value) else f"{value:.{digits}f}"
 
 
+def flat_word(ratio: float) -> str:
+    return "flat" if ratio <= FLAT_RATIO else "not"
+
+
 def flat_cell(ratio: float | None) -> str:
-    return (
-        MISSING
-        if ratio is None or pd.isna(ratio)
-        else f"{'flat' if ratio <= FLAT_RATIO else 'not'} {ratio:.3f}"
-    )
+    return MISSING if ratio is None or pd.isna(ratio) else f"{flat_word(ratio)} {ratio:.3f}"
 
 
 def flat_changes(frame: pd.DataFrame) -> list[str]:
@@ -174,7 +174,7 @@ def flat_changes(frame: pd.DataFrame) -> list[str]:
         ratios = (line["ratio_b"], line["ratio_longer"])
         if any(ratio is None or pd.isna(ratio) for ratio in ratios):
             continue
-        verdicts = ["flat" if ratio <= FLAT_RATIO else "not" for ratio in ratios]
+        verdicts = [flat_word(ratio) for ratio in ratios]
         if verdicts[0] != verdicts[1]:
             changed.append(f"{line['encoding']} seed {line['seed']} ({verdicts[0]} → {verdicts[1]})")
     return changed
