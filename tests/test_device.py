@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import run_main
 from posab import device
 from posab.device import autocast_dtype, bf16_supported, cpu_bf16_attention_error
 from posab.errors import ConfigError
@@ -55,3 +59,17 @@ def test_bf16_that_torch_cannot_run_is_refused_before_training(monkeypatch: pyte
     with pytest.raises(ConfigError, match=r"precision=bf16.*DEFAULT.*pack_vnni2.*auto or fp32"):
         autocast_dtype("bf16", CPU)
     assert autocast_dtype("auto", CPU) is None and autocast_dtype("fp32", CPU) is None
+
+
+def test_bf16_refused_before_the_run_creates_its_wandb_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """train.py with the default W&B logger: the refusal comes before W&B starts, so the run folder holds the
+    failed status and the error, and no empty W&B run."""
+    monkeypatch.setattr(device, "cpu_bf16_attention_error", lambda: "pack_vnni2 is only supported when x")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"precision=bf16"):
+        run_main(["+experiment=tiny", "logger=wandb", "train.precision=bf16"], run)
+    assert json.loads((run / "results.json").read_text())["status"] == "failed"
+    assert not (run / "wandb").exists() and not (run / "wandb_run_id.txt").exists()

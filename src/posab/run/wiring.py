@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from posab.build import build_model, encoding_name
 from posab.config import Config, config_container, load_config
 from posab.data import CorpusData, TrainSampler, prepare_data, save_run_tokenizer
-from posab.device import resolve_device
+from posab.device import autocast_dtype, resolve_device
 from posab.distributed import World, barrier, world
 from posab.encodings import encoding_optimizer
 from posab.errors import ConfigError, Preempted, require
@@ -148,6 +148,7 @@ def main(raw_cfg: DictConfig, run_dir: Path, job: JobInfo | None = None) -> dict
     try:
         cfg = load_config(raw_cfg)
         check_world(cfg, w)
+        check_precision(cfg)
         torch.set_num_threads(cfg.threads or default_threads(job.parallel_jobs * w.size))
         resume = resume_state(cfg, run_dir)
         results.update(start_provenance(CODE, run_dir / "results.json" if resume else None))
@@ -193,6 +194,11 @@ def check_world(cfg: Config, w: World) -> None:
             f"train.batch_size={cfg.train.batch_size} is not divisible by the torchrun world size {w.size}; "
             f"use a multiple of {w.size}"
         )
+
+
+def check_precision(cfg: Config) -> None:
+    """A precision this machine cannot run is refused before the run's W&B run exists (autocast_dtype)."""
+    autocast_dtype(cfg.train.precision, resolve_device(cfg.train.device))
 
 
 def run_header(cfg: Config) -> dict[str, Any]:
