@@ -129,14 +129,17 @@ def test_the_ladder_runs_the_nope_study_s_five_at_three_sizes_and_the_variants_t
     assert all(j["task"] == "addition_padded" for j in coupling)
 
 
-def test_a_task_no_reference_learned_leaves_the_suite_s_aggregate(tmp_path: Path) -> None:
-    """`posab tasks --budgets`: parity, not learned in the pilot, is left out of the MRR with its reason; a
-    budgets file without one of the suite's tasks is an error."""
-    from test_report_tasks import suite
+def test_a_task_no_reference_learned_leaves_the_suite_s_aggregate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`posab tasks --budgets`: parity, not learned in the pilot, is left out of the MRR and of the claims
+    with its reason: the claim on the mean covers copy's 3 pairs (6 with parity), and a claim on parity is
+    refused with the reason; a budgets file without one of the suite's tasks is an error."""
+    from test_report_tasks import suite_on_disk
 
     from posab.studies.tasks import main as tasks_main
 
-    write_csv(suite(), tmp_path / "runs.csv")
+    claims = suite_on_disk(tmp_path)  # suite() as runs.csv, and nope > rope on the mean
     budgets_file = tmp_path / "budgets.csv"
     pd.DataFrame(
         [
@@ -145,10 +148,17 @@ def test_a_task_no_reference_learned_leaves_the_suite_s_aggregate(tmp_path: Path
         ]  # fmt: skip
     ).to_csv(budgets_file, index=False)
     out = tmp_path / "out"
-    assert tasks_main([str(tmp_path), "--out", str(out), "--budgets", str(budgets_file)]) == 0
+    command = [str(tmp_path), "--out", str(out), "--budgets", str(budgets_file), "--claims", str(claims)]
+    assert tasks_main(command) == 0
     text = (out / "tasks.md").read_text()
-    assert "Left out of the aggregate: parity: not learned by the references within 8,000 steps" in text
+    assert (
+        "Left out of the aggregate and the claims: parity: not learned by the references within 8,000" in text
+    )
     assert "| nope | 1.000 | 0.687 |" in text  # copy alone: NoPE first at every seed
+    assert "| nope > rope | mean | +0.200 | +0.100 / +0.200 / +0.300 | 3 |" in text  # copy's pairs alone
+    pd.DataFrame([{**pd.read_csv(claims).iloc[0].to_dict(), "task": "parity"}]).to_csv(claims, index=False)
+    assert tasks_main(command) == 2
+    assert "task 'parity' is left out of the suite (not learned by the references" in capsys.readouterr().err
     pd.DataFrame([{"task": "copy", "budget": 1000, "learned": True, "cap": 8000}]).to_csv(
         budgets_file, index=False
     )

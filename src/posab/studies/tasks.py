@@ -2,6 +2,7 @@
 encoding, the NoPE study's aggregate, and the preregistered orderings tested seed by seed.
 
     posab tasks outputs/multirun/SWEEP [DIR ...] --out results/tasks [--claims results/tasks/claims.csv]
+        [--budgets results/tasks/pilot/budgets.csv]
 
 Reads the runs as `posab report` does (run folders, sweeps or a runs.csv), keeps the finished runs of a
 task (`data.task.name`), and writes into `--out`: tasks.md, tasks.csv (one line per run), mrr.csv,
@@ -10,6 +11,8 @@ mean over seeds per encoding, the training lengths shaded), tasks_heatmap.png an
 (`posab.studies.task_errors`) and runs.csv. With `--claims`, `--write FILE
 ...` rewrites the block between TASK_BEGIN and TASK_END in each file (results/README.md, the suite's
 README) with the claims' tables, so that no sentence there gives an ordering another verdict than its test.
+With `--budgets`, a task the pilot's references did not learn within its cap leaves the MRR and the claims
+(a `mean` covers the other tasks; a claim on it is refused), and the report names it with its reason.
 
 - Accuracy: `task/exact_unseen`, the mean over the test lengths past `data.task.train_lengths` of exact
   match (`posab.evaluate.task`), per run; a cell is the mean over seeds, then each seed's value.
@@ -40,7 +43,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,11 +203,18 @@ class TaskClaim:
     )
 
 
-def read_task_claims(path: Path, tasks: Sequence[str]) -> list[TaskClaim]:
-    """The claims of a task claims file; a missing column or a value out of its set names its line."""
+def read_task_claims(
+    path: Path, tasks: Sequence[str], left_out: Mapping[str, str] | None = None
+) -> list[TaskClaim]:
+    """The claims of a task claims file; a missing column or a value out of its set names its line, and a
+    claim on a task `left_out` of the aggregate (the pilot's rule: task -> why) is refused with the reason."""
     claims = []
     for number, line in claims_file_lines(path, "task claims file", CLAIM_COLUMNS, ("fit",)):
         where = f"task claims file {path}, line {number}"
+        if line["task"] in (left_out or {}):
+            raise ReportError(
+                f"{where}: task {line['task']!r} is left out of the suite ({left_out[line['task']]})"
+            )
         if line["task"] not in (*tasks, MEAN):
             raise ReportError(f"{where}: task {line['task']!r}; valid: {', '.join([*tasks, MEAN])}")
         if line["direction"] not in ("greater", "less"):
@@ -471,10 +481,16 @@ def claims_block(verdicts: pd.DataFrame) -> list[str]:
 
 
 def tested_claims(
-    found: Sequence[TaskRun], tasks: Sequence[str], claims_path: Path, readings: Sequence[Path]
+    found: Sequence[TaskRun],
+    tasks: Sequence[str],
+    claims_path: Path,
+    readings: Sequence[Path],
+    left_out: Mapping[str, str],
 ) -> tuple[pd.DataFrame, dict[Path, str]]:
-    """The claims' verdicts, and each reading's text with its claims block rewritten (not yet written)."""
-    verdicts = claim_verdicts(found, read_task_claims(claims_path, tasks))
+    """The claims' verdicts, and each reading's text with its claims block rewritten (not yet written). The
+    tasks `left_out` (task -> why) leave the claims as they leave the MRR: a `mean` covers the others."""
+    kept = [r for r in found if r.task not in left_out]
+    verdicts = claim_verdicts(kept, read_task_claims(claims_path, tasks, left_out))
     block = claims_block(verdicts)
     texts = {
         p: replace_block(p.read_text(encoding="utf-8"), block, str(p), TASK_BEGIN, TASK_END) for p in readings
@@ -540,12 +556,14 @@ def write_tasks_report(
     found = task_runs(runs)
     frame = frame_of(found)
     tasks = sorted(frame["task"].unique())
-    verdicts, texts = tested_claims(found, tasks, claims_path, readings) if claims_path else (None, {})
     left_out = unlearned_tasks(budgets_path, tasks) if budgets_path else {}
+    verdicts, texts = (
+        tested_claims(found, tasks, claims_path, readings, left_out) if claims_path else (None, {})
+    )
     mrr_text, mrr_table = mrr_lines(frame[~frame["task"].isin(left_out)])
     if left_out:
         reasons = [f"{task}: {why}" for task, why in left_out.items()]
-        mrr_text = [*mrr_text, "", f"Left out of the aggregate: {'; '.join(reasons)}."]
+        mrr_text = [*mrr_text, "", f"Left out of the aggregate and the claims: {'; '.join(reasons)}."]
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "tasks.csv", index=False)
     write_csv([r for r in runs if r.finished and TASK in r.config], out / "runs.csv")
