@@ -39,11 +39,18 @@ def pilot() -> list[RunRecord]:
 
 
 def test_a_budget_is_the_fewest_steps_at_which_every_reference_learns_on_every_seed() -> None:
+    """copy: both references learn it, NoPE from 2,000 steps. addition: RoPE learns it at 2,000 and NoPE
+    never, so its budget is the cap and it stays in the suite; with NoPE as the only reference no reference
+    learns it, and it is left out."""
     table = budgets(pilot_frame(pilot(), ["nope", "rope"]), ["nope", "rope"], 0.95).set_index("task")
     assert table.loc["copy", "budget"] == 2000 and bool(table.loc["copy", "learned"])
+    assert table.loc["copy", "learned_by"] == "nope rope" and not table.loc["copy", "left_out"]
     assert table.loc["copy", "nope@1000"] == 0.90  # the least over seeds
-    assert pd.isna(table.loc["addition", "budget"]) and not table.loc["addition", "learned"]
+    assert table.loc["addition", "budget"] == 2000 and not table.loc["addition", "learned"]
+    assert table.loc["addition", "learned_by"] == "rope" and not table.loc["addition", "left_out"]
     assert table.loc["addition", "cap"] == 2000 and "alibi@1000" not in table.columns
+    nope_only = budgets(pilot_frame(pilot(), ["nope"]), ["nope"], 0.95).set_index("task")
+    assert pd.isna(nope_only.loc["addition", "budget"]) and nope_only.loc["addition", "left_out"]
     assert budgets(pilot_frame(pilot(), ["rope"]), ["rope"], 0.95).set_index("task")["budget"].tolist() == [
         2000,
         1000,
@@ -54,9 +61,14 @@ def test_the_command_writes_the_budgets_and_names_what_is_left_out(tmp_path: Pat
     write_csv(pilot(), tmp_path / "runs.csv")
     assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "budgets.md").read_text()
-    assert "| copy | 2,000 |" in text and "| addition | not learned within 2,000 |" in text
-    assert "Left out of the aggregate (not learned within the cap): addition." in text
+    assert "| copy | 2,000 |" in text and "| addition | 2,000 (the cap; learned by rope only) |" in text
+    assert "At the cap, learned by some references only: addition (learned by rope)." in text
+    assert "Left out of the aggregate (learned by no reference within the cap): none." in text
     assert len(pd.read_csv(tmp_path / "out" / "budgets.csv")) == 2
+    assert main([str(tmp_path), "--out", str(tmp_path / "nope"), "--references", "nope"]) == 0
+    text = (tmp_path / "nope" / "budgets.md").read_text()
+    assert "| addition | not learned within 2,000 |" in text
+    assert "Left out of the aggregate (learned by no reference within the cap): addition." in text
     assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--target", "1.5"]) == 2
     assert main([str(tmp_path), "--out", str(tmp_path / "o"), "--references", "fire"]) == 2
 
@@ -73,7 +85,7 @@ def test_a_budget_needs_every_seed_and_a_ladder_below_its_cap_is_still_running(t
     assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--cap", "8000"]) == 0
     text = (tmp_path / "out" / "budgets.md").read_text()
     assert "| copy | 2,000 |" in text and "| addition | not learned yet (cap 8,000) |" in text
-    assert "not learned within the cap): none." in text and "still running (not learned yet" in text
+    assert "within the cap): none." in text and "still running (not learned yet" in text
     sort_at_4000 = pilot_run("rope", "sort", 100, 4000, 0.5)  # a third budget that only one task has
     ladders = budgets(pilot_frame([*runs, sort_at_4000], ["nope", "rope"]), ["nope", "rope"], 0.95)
     assert [c for c in ladders.columns if "@" in c] == [
@@ -143,23 +155,21 @@ def test_a_task_no_reference_learned_leaves_the_suite_s_aggregate(
     budgets_file = tmp_path / "budgets.csv"
     pd.DataFrame(
         [
-            {"task": "copy", "budget": 1000, "learned": True, "cap": 8000},
-            {"task": "parity", "budget": None, "learned": False, "cap": 8000},
+            {"task": "copy", "budget": 1000, "learned": True, "cap": 8000, "left_out": False},
+            {"task": "parity", "budget": None, "learned": False, "cap": 8000, "left_out": True},
         ]  # fmt: skip
     ).to_csv(budgets_file, index=False)
     out = tmp_path / "out"
     command = [str(tmp_path), "--out", str(out), "--budgets", str(budgets_file), "--claims", str(claims)]
     assert tasks_main(command) == 0
     text = (out / "tasks.md").read_text()
-    assert (
-        "Left out of the aggregate and the claims: parity: not learned by the references within 8,000" in text
-    )
+    assert "Left out of the aggregate and the claims: parity: learned by no reference within 8,000" in text
     assert "| nope | 1.000 | 0.687 |" in text  # copy alone: NoPE first at every seed
     assert "| nope > rope | mean | +0.200 | +0.100 / +0.200 / +0.300 | 3 |" in text  # copy's pairs alone
     pd.DataFrame([{**pd.read_csv(claims).iloc[0].to_dict(), "task": "parity"}]).to_csv(claims, index=False)
     assert tasks_main(command) == 2
-    assert "task 'parity' is left out of the suite (not learned by the references" in capsys.readouterr().err
-    pd.DataFrame([{"task": "copy", "budget": 1000, "learned": True, "cap": 8000}]).to_csv(
+    assert "task 'parity' is left out of the suite (learned by no reference" in capsys.readouterr().err
+    pd.DataFrame([{"task": "copy", "budget": 1000, "learned": True, "cap": 8000, "left_out": False}]).to_csv(
         budgets_file, index=False
     )
     assert tasks_main([str(tmp_path), "--out", str(out), "--budgets", str(budgets_file)]) == 2

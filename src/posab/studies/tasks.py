@@ -11,7 +11,7 @@ mean over seeds per encoding, the training lengths shaded), tasks_heatmap.png an
 (`posab.studies.task_errors`) and runs.csv. With `--claims`, `--write FILE
 ...` rewrites the block between TASK_BEGIN and TASK_END in each file (results/README.md, the suite's
 README) with the claims' tables, so that no sentence there gives an ordering another verdict than its test.
-With `--budgets`, a task the pilot's references did not learn within its cap leaves the MRR and the claims
+With `--budgets`, a task that no reference of the pilot learned within its cap leaves the MRR and the claims
 (a `mean` covers the other tasks; a claim on it is refused), and the report names it with its reason.
 
 - Accuracy: `task/exact_unseen`, the mean over the test lengths past `data.task.train_lengths` of exact
@@ -525,8 +525,8 @@ def report_lines(frame: pd.DataFrame, mrr_text: Sequence[str], figure: str) -> l
 
 
 def unlearned_tasks(path: Path, tasks: Sequence[str]) -> dict[str, str]:
-    """The tasks a budgets file (`posab task-budgets`'s budgets.csv) says no budget taught the references,
-    each with its reason; a task of the suite it does not list is an error naming it."""
+    """The tasks a budgets file (`posab task-budgets`'s budgets.csv) leaves out (no reference learned them
+    within the cap), each with its reason; a task of the suite it does not list is an error naming it."""
     try:
         table = pd.read_csv(path)
     except (OSError, ValueError) as err:
@@ -535,9 +535,9 @@ def unlearned_tasks(path: Path, tasks: Sequence[str]) -> dict[str, str]:
     if missing:
         raise ReportError(f"budgets file {path}: no budget for task(s) {missing}; run the pilot on them")
     return {
-        line["task"]: f"not learned by the references within {int(line['cap']):,} steps (the pilot's rule)"
+        line["task"]: f"learned by no reference within {int(line['cap']):,} steps (the pilot's rule)"
         for _, line in table.iterrows()
-        if line["task"] in tasks and not bool(line["learned"])
+        if line["task"] in tasks and bool(line["left_out"])
     }
 
 
