@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "posab.studies.plateau",
         "the same encodings and seeds at B and at a longer budget, side by side",
     ),
+    "task-plan": (
+        "posab.studies.task_plan",
+        "before a task grid: can each claims family reach α, and how many pairs may the fit rule drop",
+    ),
     "task-budgets": (
         "posab.studies.task_budgets",
         "each task's budget from the pilot: learned before measured",

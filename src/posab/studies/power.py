@@ -132,13 +132,13 @@ def plan_lines(plans: Sequence[FamilyPlan], alpha: float) -> list[str]:
     return [*markdown_table(header, rows), "", NOTE]
 
 
-def _positive(text: str) -> int:
+def positive_count(text: str) -> int:
     if not text.isdigit() or int(text) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer (seed pairs, e.g. 8)")
     return int(text)
 
 
-def _level(text: str) -> float:
+def alpha_level(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -157,8 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "its least adjusted p; refuse (exit 2) a family that cannot reach α.",
     )
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="claims files (e.g. pending/)")
-    parser.add_argument("--seeds", type=_positive, help="seed pairs for every family (default: its `seeds`)")
-    parser.add_argument("--alpha", type=_level, default=ALPHA, help=f"the level (default {ALPHA})")
+    parser.add_argument(
+        "--seeds", type=positive_count, help="seed pairs for every family (default: its `seeds`)"
+    )
+    parser.add_argument("--alpha", type=alpha_level, default=ALPHA, help=f"the level (default {ALPHA})")
     args = parser.parse_args(argv)
     try:
         plans = family_plans(read_claims_files(args.files, PAIRED_METRICS), args.seeds)
