@@ -39,3 +39,23 @@ def test_the_command_prints_the_pairs_a_family_may_lose_and_refuses_one_out_of_r
     pd.DataFrame([vars(claim("mean7", "divide"))]).to_csv(path, index=False)
     assert main([str(path), "--tasks", "8", "--seeds", "3"]) == 2
     assert "task 'divide'; valid: addition" in capsys.readouterr().err
+
+
+def test_issue_58_s_claims_are_the_nope_study_s_ranking_with_a_fit_rule_and_can_reach_alpha() -> None:
+    """results/tasks/claims_learned.csv, registered before issue 58's tuning and grid: the seven orderings
+    of issue 44's family on the mean, each with fit 0.9, reachable at the fewest tasks the pilot keeps so
+    far (copy, reverse, sort, parity) at the grid's 3 seeds."""
+    from posab.data.tasks import TASKS
+    from posab.studies.tasks import read_task_claims
+
+    root = Path(__file__).parents[1] / "results" / "tasks"
+    learned = read_task_claims(root / "claims_learned.csv", sorted(TASKS))
+    before = read_task_claims(root / "claims.csv", sorted(TASKS))
+    assert [(c.row, c.reference, c.direction) for c in learned] == [
+        (c.row, c.reference, c.direction) for c in before
+    ]
+    assert {(c.family, c.task, c.fit, c.status) for c in learned} == {
+        ("nope_study_learned", "mean", 0.9, "preregistered")
+    }
+    (plan,) = task_family_plans(learned, tasks=4, seeds=3)
+    assert plan.seeds == 12 and plan.reaches(0.05)
