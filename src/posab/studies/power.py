@@ -134,7 +134,7 @@ def plan_lines(plans: Sequence[FamilyPlan], alpha: float) -> list[str]:
 
 def positive_count(text: str) -> int:
     if not text.isdigit() or int(text) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer (seed pairs, e.g. 8)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer (e.g. 8)")
     return int(text)
 
 

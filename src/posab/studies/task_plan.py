@@ -44,6 +44,7 @@ def task_family_plans(claims: Sequence[TaskClaim], tasks: int, seeds: int) -> li
 
 
 def pairs(claim: TaskClaim, tasks: int, seeds: int) -> int:
+    """The (task, seed) pairs a claim covers in a grid of `tasks` tasks at `seeds` seeds."""
     return tasks * seeds if claim.task == MEAN else seeds
 
 
@@ -69,7 +70,7 @@ def plan_lines(plans: Sequence[FamilyPlan], alpha: float) -> list[str]:
 
 def refusal(plan: FamilyPlan, alpha: float) -> str:
     needed = seeds_needed(plan.claims, plan.procedure, alpha)
-    need = f"{needed} pairs" if needed is not None else "more claims split into families"
+    need = f"{needed} pairs" if needed is not None else "fewer claims (its least p stops at 1/20,001)"
     return (
         f"family {plan.family}: {plan.claims} claims at {plan.seeds} pairs: least Holm p {plan.fraction()} "
         f">= {alpha:g}; needs {need}"
