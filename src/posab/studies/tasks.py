@@ -208,10 +208,11 @@ def read_task_claims(
 ) -> list[TaskClaim]:
     """The claims of a task claims file; a missing column or a value out of its set names its line, and a
     claim on a task `left_out` of the aggregate (the pilot's rule: task -> why) is refused with the reason."""
+    left_out = left_out or {}
     claims = []
     for number, line in claims_file_lines(path, "task claims file", CLAIM_COLUMNS, ("fit",)):
         where = f"task claims file {path}, line {number}"
-        if line["task"] in (left_out or {}):
+        if line["task"] in left_out:
             raise ReportError(
                 f"{where}: task {line['task']!r} is left out of the suite ({left_out[line['task']]})"
             )
