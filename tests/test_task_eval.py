@@ -201,6 +201,45 @@ def test_decoding_never_writes_a_suppressed_id() -> None:
     assert torch.equal(generate(model, prompt, 6, suppress=()), free)
 
 
+def test_decoding_feeds_the_given_ids_and_chooses_the_rest_as_the_full_forward_pass() -> None:
+    """`generate(given=...)`: at a given step the id fed is the given one, whatever the model prefers; at
+    the others the id written is the full forward pass's argmax over the prompt and the ids so far."""
+    model = task_model("mqar", "rope", scale=4.0)
+    prompt = torch.tensor([[1, 5, 6, 7, 8], [1, 9, 10, 11, 12]])  # (2, 5)
+    free = generate(model, prompt, 6)
+    given = torch.full((2, 6), -1)
+    given[:, 0::2] = (free[:, 0::2] + 1) % TaskTokenizer.vocab_size  # never what the model would write
+    written = generate(model, prompt, 6, given=given)
+    assert torch.equal(written[:, 0::2], given[:, 0::2])
+    read = torch.cat([prompt, written[:, :-1]], dim=1)  # (2, 10)
+    with torch.no_grad():
+        argmax = model(read)[:, prompt.shape[1] - 1 :].argmax(-1)  # (2, 6)
+    assert torch.equal(written[:, 1::2], argmax[:, 1::2])
+    assert not torch.equal(written, free)  # the fed ids changed what followed, or the test shows nothing
+    with pytest.raises(ConfigError, match=r"given of shape \(2, 5\)"):
+        generate(model, prompt, 6, given=given[:, :5])
+
+
+def test_mqar_scores_its_values_alone_greedy_and_teacher_forced_alike() -> None:
+    """MQAR's query keys are given: fed in decoding, not in the loss. Memorised on a third of the examples:
+    some right, some wrong, each with the same verdict from cached greedy decoding (keys fed) and from the
+    teacher-forced argmax over the values and EOS alone."""
+    ctx = context(task_model("mqar"), "mqar", "data.task.test_lengths=[1,4]", "eval.task.examples=6")
+    examples = [e for n in range(1, 5) for e in ctx.valid.examples_at(n, 6)]
+    batch = example_batch(examples[::3], 18)
+    scored = [
+        TaskTokenizer().decode(row[mask], show_special=True)
+        for row, mask in zip(batch.targets, batch.loss_mask, strict=True)
+    ]
+    assert scored == [e.answer[1::2] + "<eos>" for e in examples[::3]]  # the values, not the keys
+    ctx.model = memorise(task_model("mqar"), batch, steps=120)
+    output = run_evaluator(ctx, "task")
+    rows = output.tables["task_accuracy"].rows
+    exact = [row[3] for row in rows]
+    assert 0 < np.mean(exact) < 1, f"not a mixed model: {exact}"
+    assert output.scalars["task/tf_disagree"] == 0 and [row[4] for row in rows] == exact
+
+
 def test_greedy_and_teacher_forced_verdicts_agree_on_a_half_learned_model() -> None:
     """Memorised on a third of the examples for a few steps: some right, some wrong, and each example gets
     the same verdict from cached greedy decoding and from the teacher-forced argmax (fp32)."""

@@ -82,7 +82,7 @@ def symbols(text: str) -> list[int]:
         (addition_reversed, 3, [2, 0, 407, 32], "705+24", "945"),  # 507 + 42 = 549, every number reversed
         (addition_indexed, 3, [2, 0, 407, 32], "c5b0a7+b4a2", "c5b4a9"),  # a marks the units
         # mqar: the keys' permutation (a, b, c first), the values, the order of the queries
-        (mqar, 3, [list(range(26)), [3, 7, 1], [2, 0, 1]], "a3b7c1,cab", "137"),
+        (mqar, 3, [list(range(26)), [3, 7, 1], [2, 0, 1]], "a3b7c1", "c1a3b7"),
         # flip-flop: the first write's bit, then per middle instruction its kind and (unless a read) its bit
         (flip_flop(0.8), 5, [1, ["i", "r", "w"], 0, 0], "w1i0r1w0r", "0"),
     ],
@@ -137,10 +137,12 @@ def check_addition_padded(prompt: str, answer: str, n: int) -> None:
 
 
 def check_mqar(prompt: str, answer: str, n: int) -> None:
-    pairs, queries = prompt.split(",")
-    table = {pairs[i]: pairs[i + 1] for i in range(0, len(pairs), 2)}
-    assert len(pairs) == 2 * n and len(table) == n and set(table) <= set(string.ascii_lowercase)
-    assert sorted(queries) == sorted(table) and answer == "".join(table[k] for k in queries)
+    table = {prompt[i]: prompt[i + 1] for i in range(0, len(prompt), 2)}
+    assert len(prompt) == 2 * n and len(table) == n and set(table) <= set(string.ascii_lowercase)
+    queries, values = answer[0::2], answer[1::2]
+    assert sorted(queries) == sorted(table) and values == "".join(table[k] for k in queries)
+    example = TASKS["mqar"].example(np.random.default_rng(n), n)
+    assert example.given == tuple(range(0, 2 * n, 2))  # the keys: given, not written
 
 
 def check_flip_flop(prompt: str, answer: str, n: int) -> None:

@@ -106,6 +106,7 @@ def generate(
     prefill_block: int | None = None,
     suppress: Sequence[int] = (),
     positions: Tensor | None = None,
+    given: Tensor | None = None,
 ) -> Tensor:
     """Continue `prompt` (B, T) by `steps` tokens with cached decoding: returns the new ids (B, steps).
 
@@ -114,9 +115,11 @@ def generate(
     without it no token has indices (every encoding but the hierarchical one). `offset`: the prompt's first
     position. `suppress`: ids never chosen (their logits set to -inf first: the task evaluator's oracle-length
     reading suppresses EOS). `positions`: (T + steps - 1,) or longer, the position of every token the model
-    reads, shared by the batch, instead of `offset` (a task's coupled positions). The model runs in eval
-    mode (its mode is restored after)."""
+    reads, shared by the batch, instead of `offset` (a task's coupled positions). `given`: (B, steps) ids
+    fed in place of the model's choice where >= 0 (a task's given answer symbols: MQAR's query keys), -1
+    where the model chooses. The model runs in eval mode (its mode is restored after)."""
     check_request(prompt, steps, temperature, top_k, offset, prefill_block, positions)
+    check_given(prompt, steps, given)
     with evaluating(model), model.encoding.planned_positions(offset + prompt.shape[1] + steps):
         indices = prompt_indices(prompt, structure, sentence, paragraph)
         cache = KVCache()
@@ -127,6 +130,9 @@ def generate(
             if len(banned):
                 logits = logits.index_fill(-1, banned, float("-inf"))
             token = choose_next(logits, temperature, top_k, generator)  # (B, 1)
+            if given is not None:
+                fed = given[:, step : step + 1].to(token.device)  # (B, 1)
+                token = torch.where(fed >= 0, fed, token)
             chosen.append(token)
             new = next_indices(token, structure)
             if step + 1 < steps:
@@ -167,6 +173,18 @@ def step_by_step_full(
 def joined(old: Tensor | None, new: Tensor | None) -> Tensor | None:
     """Indices (B, n) followed by the new tokens' (B, c): (B, n + c); None when either is unknown."""
     return None if old is None or new is None else torch.cat([old, new], dim=1)  # (B, n + c)
+
+
+def check_given(prompt: Tensor, steps: int, given: Tensor | None) -> None:
+    """A ConfigError unless `given` is None or (B, steps) integer ids, -1 where the model chooses."""
+    if given is None:
+        return
+    shape = (prompt.shape[0], steps)
+    require(
+        tuple(given.shape) == shape and not given.is_floating_point() and bool((given >= -1).all()),
+        f"given of shape {tuple(given.shape)}, {given.dtype}: give {shape} integer ids, -1 where the model "
+        "chooses",
+    )
 
 
 def check_request(

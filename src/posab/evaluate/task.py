@@ -5,8 +5,10 @@ For every instance length n of `data.task.test_lengths`, `eval.task.examples` ex
 split (`eval.split`, test in the task presets) are decoded: the prompt BOS ... SEP is prefilled into a
 `KVCache` and the answer written greedily (`posab.decoding.generate`), one token per step, for the
 longest answer of the batch plus EOS. An example is right when the first len(answer) + 1 tokens written are
-the answer and EOS (a model that does not stop is wrong). Each example starts at position 0, as the
-reference's do; the randomized-positions wrappers apply as they are configured.
+the answer and EOS (a model that does not stop is wrong). A task's given answer symbols (MQAR's query
+keys: `TaskExample.given`) are fed at their steps, not written, so they are always right and exact match
+turns on the rest. Each example starts at position 0, as the reference's do; the randomized-positions
+wrappers apply as they are configured.
 
 Keys (`task/...`, `posab.keys`): `task/exact@n` per instance length, `task/exact_seen` (the mean over the
 lengths within `data.task.train_lengths`) and `task/exact_unseen` (over the longer ones: the length
@@ -127,11 +129,15 @@ def written_by(
     positions: Tensor | None = None,
 ) -> np.ndarray:
     """(B, steps) the ids cached greedy decoding writes after each example's prompt, never one of
-    `suppress`; at `positions` (coupled: `group_positions`) or sequential ones."""
+    `suppress`, each example's given answer symbols fed (`TaskExample.given`); at `positions` (coupled:
+    `group_positions`) or sequential ones."""
     prompt = torch.from_numpy(np.stack([e.prompt_tokens for e in examples])).to(ctx.device)  # (B, P)
+    given = torch.from_numpy(np.stack([e.given_ids(steps) for e in examples]))  # (B, steps)
     trackers = [TaskTracker() for _ in examples]
     with autocast(ctx.device, ctx.dtype):
-        ids = generate(ctx.model, prompt, steps, structure=trackers, suppress=suppress, positions=positions)
+        ids = generate(
+            ctx.model, prompt, steps, structure=trackers, suppress=suppress, positions=positions, given=given
+        )
         return ids.cpu().numpy()
 
 

@@ -28,10 +28,15 @@ match, as the reference does.
   (`507+042` -> `9450` for 507 + 42 = 549). Every instance of length n has one layout, so its coupled
   positions (`coupled_addition`) depend on n alone: the option `data.task.positions=coupled`.
 - mqar (issue 58): multi-query associative recall (Arora et al., 2023, "Zoology", MQAR; reference
-  `HazyResearch/zoology`, `data/associative_recall.py`): n key-value pairs, keys distinct letters, values
-  digits, then every key once in a random order; the answer is their values in that order (`a3b7c1,cab` ->
-  `137`). Trained on a mixture of lengths (U(1, 8)): training at the longest length alone is a known
-  failure. n <= 26 (distinct letters).
+  `HazyResearch/zoology`, `zoology/data/multiquery_ar.py`): n key-value pairs, keys distinct letters, values
+  digits (with repeats: ten digits, up to 26 keys), then every key once in a random order, each followed by
+  its value (`a3b7c1` -> `c1a3b7`). The query keys are given, not written (`Task.given`): decoding feeds
+  them, the loss and exact match score the values (and EOS), as the reference's labels score only the
+  token after each query key. So each value is one associative hop from the key just read. (The first
+  form, the queries in the prompt and the values alone as the answer, `a3b7c1,cab` -> `137`, asks the
+  model to find the i-th query from the i-th answer position as well; its pilot, at 1,000-4,000 steps,
+  emitted the values in an order unrelated to the queries: exact match 1/n! at n = 1 .. 4.) Trained on a
+  mixture of lengths (U(1, 8)): training at the longest length alone is a known failure. n <= 26.
 - flipflop (issue 58): flip-flop language modelling (Liu et al., 2023, "Exposing Attention Glitches with
   Flip-Flop Language Modeling"): n instructions, each a letter and a bit, `w` (write the bit), `i` (ignore
   it) or `r` (read: the bit last written), the first a write, the last a read whose bit is the answer
@@ -155,9 +160,13 @@ FLIP_FLOP_IGNORES = {"train": 0.8, "sparse": 0.98, "dense": 0.1}  # p(ignore), L
 def mqar(rng: np.random.Generator, n: int) -> tuple[str, str]:
     keys = [KEYS[i] for i in rng.permutation(len(KEYS))[:n]]
     values = [str(v) for v in rng.integers(0, 10, size=n)]
-    order = rng.permutation(n)
-    pairs = "".join(k + v for k, v in zip(keys, values, strict=True))
-    return f"{pairs},{''.join(keys[i] for i in order)}", "".join(values[i] for i in order)
+    pairs = [k + v for k, v in zip(keys, values, strict=True)]
+    return "".join(pairs), "".join(pairs[i] for i in rng.permutation(n))
+
+
+def mqar_given(n: int) -> tuple[int, ...]:
+    """mqar's given answer symbols: the query keys, every other symbol from the first."""
+    return tuple(range(0, 2 * n, 2))
 
 
 def flip_flop(ignore: float) -> Generator:
@@ -192,11 +201,14 @@ class Task:
     # position coupling (`data.task.positions=coupled`): (n, start) -> the position of every token of an
     # instance of length n, one layout per n; None where the task defines none
     coupled: Callable[[int, int], np.ndarray] | None = None
+    # n -> the answer's symbols the reader supplies (`TaskExample.given`: fed, never written nor scored);
+    # None where the model writes the whole answer
+    given: Callable[[int], tuple[int, ...]] | None = None
 
     def example(self, rng: np.random.Generator, n: int, test: str | None = None) -> TaskExample:
         """An example of length n, by the task's generator or by its test distribution `test`."""
         prompt, answer = (self.generate if test is None else self.tests[test])(rng, n)
-        return TaskExample(n, prompt, answer)
+        return TaskExample(n, prompt, answer, () if self.given is None else self.given(n))
 
     def check_lengths(self, low: int, high: int, what: str) -> None:
         """A ConfigError naming `what` unless the task can make instances of lengths low .. high."""
@@ -228,7 +240,9 @@ TASKS = {
             family="arithmetic",
             coupled=coupled_addition,
         ),  # BOS, n digits, '+', n digits, SEP, n + 1 digits, EOS
-        Task("mqar", mqar, lambda n: 4 * n + 4, (1, len(KEYS)), family="recall"),  # 2n pairs, ',', n, n
+        Task(
+            "mqar", mqar, lambda n: 4 * n + 3, (1, len(KEYS)), family="recall", given=mqar_given
+        ),  # BOS, n pairs, SEP, n queries and values, EOS
         Task(
             "flipflop",
             flip_flop(FLIP_FLOP_IGNORES["train"]),

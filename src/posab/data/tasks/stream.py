@@ -128,7 +128,8 @@ class TaskStream:
 
 def example_batch(examples: list[TaskExample], length: int) -> Batch:
     """Examples as one batch of `length` inputs: inputs = tokens[:-1], targets = tokens[1:], PAD after
-    EOS; the loss scores the targets from the answer's first symbol to EOS; structure by the task rule."""
+    EOS; the loss scores the targets from the answer's first symbol to EOS but the given ones
+    (`TaskExample.given`); structure by the task rule."""
     rows = len(examples)
     tokens = np.full((rows, length + 1), PAD, dtype=np.int64)  # (B, T + 1)
     scored = np.zeros((rows, length), dtype=bool)  # (B, T)
@@ -139,7 +140,9 @@ def example_batch(examples: list[TaskExample], length: int) -> Batch:
         if len(ids) - 1 > length:
             raise ConfigError(f"a task example of {len(ids) - 1} inputs does not fit {length}")
         tokens[row, : len(ids)] = ids
-        scored[row, len(example.prompt_tokens) - 1 : len(ids) - 1] = True
+        answer_from = len(example.prompt_tokens) - 1  # the target index of the answer's first symbol
+        scored[row, answer_from : len(ids) - 1] = True
+        scored[row, [answer_from + i for i in example.given]] = False  # supplied, not written
         s, p = structure(ids[:-1])
         sentence[row], paragraph[row] = s[-1], p[-1]  # the padding keeps the last input's indices
         sentence[row, : len(s)], paragraph[row, : len(p)] = s, p

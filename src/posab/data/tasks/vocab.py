@@ -24,7 +24,8 @@ from posab.errors import ConfigError
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
 SPECIALS = {PAD: "<pad>", BOS: "<bos>", EOS: "<eos>", SEP: "="}  # SEP is written '=' in text
-SYMBOLS = tuple(string.digits + string.ascii_lowercase + "+,")
+SYMBOLS = tuple(string.digits + string.ascii_lowercase + "+,")  # ',': unused since MQAR's first form, kept
+# so that every task run has the same vocabulary
 FIRST_SYMBOL = 4
 ITEM_SEPARATORS = ("+", ",")  # each opens a sentence within the prompt
 
