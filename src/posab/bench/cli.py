@@ -1,6 +1,7 @@
 """The benchmark's command line: `posab bench [--quick] [--out DIR] [--sections 1,2,3,4,5,6,7]
-[--repeats N] [--threads N] [--no-progress]` (see `posab.bench`), and `posab bench decoding ...`, cached
-decoding against the full forward pass (`posab.bench.decoding`, its own options and folder)."""
+[--repeats N] [--threads N] [--no-progress]` (see `posab.bench`), `posab bench decoding ...`, cached
+decoding against the full forward pass (`posab.bench.decoding`, its own options and folder), and `posab
+bench ladder ...`, the task ladder's step times and run-hours (`posab.bench.ladder`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from posab.bench import bias, chunks, decoding, eval_forward, flops, output, peer, profile, train_step
+from posab.bench import bias, chunks, decoding, eval_forward, flops, ladder, output, peer, profile, train_step
 from posab.bench.progress import Progress
 from posab.bench.settings import Settings, positive
 from posab.bench.targets import evaluate
@@ -49,7 +50,8 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="posab bench",
         description="posab performance benchmark",
-        epilog="posab bench decoding --help: cached decoding against the full forward pass, per encoding",
+        epilog="posab bench decoding --help: cached decoding against the full forward pass, per encoding; "
+        "posab bench ladder --help: the task suite's model-size ladder sized to the machine",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (for the tests)")
     parser.add_argument(
@@ -86,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["decoding"]:
         return decoding.main(argv[1:])
+    if argv[:1] == ["ladder"]:
+        return ladder.main(argv[1:])
     args = parser().parse_args(argv)
     threads = args.threads or (1 if args.quick else None)
     if threads:
