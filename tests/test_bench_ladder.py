@@ -20,7 +20,9 @@ def test_the_quick_ladder_times_every_encoding_s_step_and_projects_its_hours(tmp
     assert projected["budget"] == "8000" and float(projected["eval_s"]) > 0  # tiny: no pilot, the cap
     expected = sum(3 * (float(r["step_s"]) * 8000 + float(projected["eval_s"])) for r in rows) / 3600
     assert float(projected["ladder_run_h"]) == pytest.approx(expected, rel=1e-9)
-    assert "load average at the start" in (tmp_path / "ladder.md").read_text()
+    assert "The CPUs in the second before it started" in (tmp_path / "ladder.md").read_text()
+    busy = ladder.busy_share(0.2)
+    assert busy is None or 0 <= busy <= 1
 
 
 def test_the_projection_takes_a_piloted_budget_and_bounds_an_unpiloted_size_by_the_cap() -> None:

@@ -169,7 +169,7 @@ def projection(
                 "size": size,
                 "task": task,
                 "budget": budget,
-                "budget_from": "pilot (budgets.csv)" if piloted else f"cap {cap} (no pilot at this size yet)",
+                "budget_from": "pilot (budgets.csv)" if piloted else f"cap {cap} (no budget at this size yet)",
                 "eval_s": eval_s,
                 "ladder_runs": len(steps) * seeds,
                 "ladder_run_h": runs_h,
@@ -189,13 +189,32 @@ def measure(plan: Plan, progress: Progress) -> tuple[list[dict[str, Any]], dict[
     return rows, evaluation
 
 
-def report(rows: list[dict[str, Any]], projected: list[dict[str, Any]], threads: int, load: float) -> str:
+def busy_share(seconds: float = 1.0) -> float | None:
+    """The share of every CPU's time spent busy (not idle or waiting on I/O) over `seconds` before the
+    benchmark starts (/proc/stat; None where there is none): what else was running."""
+    stat = Path("/proc/stat")
+    if not stat.is_file():
+        return None
+
+    def sample() -> tuple[int, int]:
+        ticks = [int(t) for t in stat.read_text().splitlines()[0].split()[1:]]  # user nice system idle iowait
+        return sum(ticks), ticks[3] + ticks[4]
+
+    (total, idle), _ = sample(), time.sleep(seconds)
+    total_after, idle_after = sample()
+    return 1 - (idle_after - idle) / max(total_after - total, 1)
+
+
+def report(
+    rows: list[dict[str, Any]], projected: list[dict[str, Any]], threads: int, busy: float | None
+) -> str:
     total = sum(r["ladder_run_h"] + r["pilot_run_h"] for r in projected)
+    before = "not measured (no /proc/stat)" if busy is None else f"{busy:.0%} busy"
     return (
         "# The task ladder, sized to the machine (`posab bench ladder`)\n\n"
         f"Training steps timed at {threads} thread(s), interleaved, medians; evaluation timed at "
-        f"1/{EVAL_SHARE} of its examples and scaled by {EVAL_SHARE}. The load average at the start (1 min) "
-        f"was {load:.2f} on {os.cpu_count()} cores: timings are a run's cost only with nothing else "
+        f"1/{EVAL_SHARE} of its examples and scaled by {EVAL_SHARE}. The CPUs in the second before it "
+        f"started: {before} ({os.cpu_count()} cores); timings are a run's cost only with nothing else "
         "running.\n\n"
         f"## Training step per size, task and encoding\n\n{markdown_table(rows)}\n\n"
         f"## Projected run-hours\n\n{markdown_table(projected)}\n\n"
@@ -246,13 +265,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.repeats or (1 if args.quick else 5),
         args.quick,
     )
-    load = os.getloadavg()[0]
+    busy = busy_share()
     rows, evaluation = measure(plan, Progress(args.progress))
     projected = projection(rows, evaluation, read_budgets(args.budgets), args.cap, args.seeds)
     out = args.out or (QUICK_OUT_LADDER if args.quick else FULL_OUT_LADDER)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "ladder.csv", rows)
     write_csv(out / "projection.csv", projected)
-    (out / "ladder.md").write_text(report(rows, projected, args.threads, load), encoding="utf-8")
+    (out / "ladder.md").write_text(report(rows, projected, args.threads, busy), encoding="utf-8")
     print(f"wrote {out / 'ladder.md'}")
     return 0
