@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "posab.studies.task_budgets",
         "each task's budget from the pilot: learned before measured",
     ),
+    "size-trend": (
+        "posab.studies.size_trend",
+        "claims across model sizes (the task ladder): a trend test over every run, planned before",
+    ),
     "window-documents": ("posab.studies.window_documents", "add each window's document to runs.csv"),
     "audit-backfill": ("posab.run.audit_backfill", "the audit's pull and input novelty for older runs"),
     "compare-runs": ("posab.run.compare", "hold two folders of runs to each other: every number identical"),

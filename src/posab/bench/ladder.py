@@ -169,7 +169,9 @@ def projection(
                 "size": size,
                 "task": task,
                 "budget": budget,
-                "budget_from": "pilot (budgets.csv)" if piloted else f"cap {cap} (no budget at this size yet)",
+                "budget_from": "pilot (budgets.csv)"
+                if piloted
+                else f"cap {cap} (no budget at this size yet)",
                 "eval_s": eval_s,
                 "ladder_runs": len(steps) * seeds,
                 "ladder_run_h": runs_h,
