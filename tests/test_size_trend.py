@@ -104,3 +104,25 @@ def test_a_size_without_a_counted_run_is_named(tmp_path: Path) -> None:
     runs = [ladder_run("small", s, 0.1) for s in range(3)]
     with pytest.raises(ReportError, match="no counted run at size.*ladder_3m, ladder_10m"):
         size_trend.claim_lines(runs, size_trend.read_size_claims(claims_file(tmp_path, LINE)))
+
+
+def test_the_ladder_table_and_figure_cover_every_encoding_task_and_size(tmp_path: Path) -> None:
+    runs = [
+        finished_run(
+            f"{e}-{p}-{s}", e, s, "tasks_ladder", {"data.task.name": t},
+            {"task/exact_unseen": u + s / 100, "task/exact_seen": 1.0, "params/total": float(p)},
+        )
+        for e in ("nope", "fox") for t in ("copy", "mqar") for p, u in ((794_112, 0.1), (2_667_264, 0.4))
+        for s in range(3)
+    ]  # fmt: skip
+    assert size_trend.main([str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2  # no runs there
+    path = size_trend.write_ladder(runs, tmp_path / "out")
+    table = pd.read_csv(tmp_path / "out" / "ladder.csv")
+    assert len(table) == 8 and set(table["runs"]) == {3}
+    first = table[(table["encoding"] == "nope") & (table["task"] == "copy")].iloc[0]
+    assert (first["params"], first["unseen"], first["unseen_sd"]) == (
+        794_112,
+        pytest.approx(0.11),
+        pytest.approx(0.01),
+    )
+    assert (tmp_path / "out" / "ladder.png").stat().st_size > 0 and "| fox | copy |" in path.read_text()

@@ -16,8 +16,14 @@ the verdict says how many runs that dropped). A family is tested by Holm. The in
 largest size minus the mean at the smallest, 2.5th and 97.5th percentiles of 10,000 bootstrap draws of the
 runs within each size. Verdicts as the other claims' (`posab.report.stats.verdict`).
 
-    posab size-trend RUNS_OR_REPORTS ... --claims results/tasks/claims_ladder.csv --out DIR
+    posab size-trend RUNS_OR_REPORTS ... --out DIR [--claims results/tasks/claims_ladder.csv]
     posab size-trend --plan results/tasks/claims_ladder.csv --seeds 3     # before the ladder runs
+
+Every run writes the ladder's table and figure into DIR: `ladder.csv` and `ladder.md` (per encoding, task
+and model size, by parameters: runs, exact match at the training lengths and past them, mean and sd over
+seeds) and `ladder.png` (a panel per task: exact match past the training lengths against parameters, log
+scale, a line per encoding through its means, each run a dot; the NoPE study's five drawn solid, the
+others dashed); with `--claims` also `size_trend_verdicts.csv` and `size_trend.md`.
 
 The plan exits 2, naming the family, when a family cannot reach α at the planned runs; it also gives the
 runs the fit rule may drop (in the worst place) with the family still able to.
@@ -35,9 +41,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from posab.paths import conf_dir
+from posab.plots import new_figure, save_figure
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
@@ -263,6 +271,76 @@ def plan_lines(claims: Sequence[SizeClaim], seeds: int, alpha: float) -> tuple[l
     return markdown_table(header, rows), refused
 
 
+NOPE_STUDY = ("nope", "t5", "alibi", "rope", "sinusoidal")  # drawn solid in the figure
+
+
+def ladder_frame(runs: Sequence[RunRecord]) -> pd.DataFrame:
+    """Per (encoding, task, parameters): runs, exact match seen and unseen (mean, sd over the runs)."""
+    lines = [
+        {
+            "encoding": run.encoding,
+            "task": run.config.get("data.task.name", ""),
+            "params": int(run.metrics["params/total"]),
+            "seen": run.metrics.get(SEEN, math.nan),
+            "unseen": run.metrics[UNSEEN],
+        }
+        for run in runs
+        if run.finished and UNSEEN in run.metrics and "params/total" in run.metrics
+    ]
+    if not lines:
+        raise ReportError(f"no finished task run with `{UNSEEN}` and `params/total` in its results")
+    frame = pd.DataFrame(lines)
+    grouped = frame.groupby(["encoding", "task", "params"])
+    table = grouped.agg(
+        runs=("unseen", "size"),
+        seen=("seen", "mean"),
+        seen_sd=("seen", "std"),
+        unseen=("unseen", "mean"),
+        unseen_sd=("unseen", "std"),
+    )
+    return table.reset_index().sort_values(["task", "encoding", "params"], ignore_index=True)
+
+
+def ladder_figure(runs: Sequence[RunRecord], table: pd.DataFrame) -> Figure:
+    """A panel per task: unseen exact match against parameters (module docstring)."""
+    tasks = sorted(table["task"].unique())
+    fig = new_figure(4.5 * len(tasks), 3.8)
+    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    for ax, task in zip(axes, tasks, strict=True):
+        for index, (encoding, rows) in enumerate(table[table["task"] == task].groupby("encoding")):
+            style = "-" if encoding in NOPE_STUDY else "--"
+            line = ax.plot(
+                rows["params"], rows["unseen"], style, marker="o", label=encoding, color=f"C{index}"
+            )
+            dots = [
+                (r.metrics["params/total"], r.metrics[UNSEEN])
+                for r in runs
+                if r.finished and r.encoding == encoding and r.config.get("data.task.name") == task
+                and UNSEEN in r.metrics and "params/total" in r.metrics
+            ]  # fmt: skip
+            ax.scatter(*zip(*dots, strict=True), s=10, alpha=0.5, color=line[0].get_color())
+        ax.set(xscale="log", xlabel="parameters", ylabel="exact match past the training lengths", title=task)
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def write_ladder(runs: Sequence[RunRecord], out: Path) -> Path:
+    """ladder.csv, ladder.md and ladder.png in `out` (module docstring)."""
+    out.mkdir(parents=True, exist_ok=True)
+    table = ladder_frame(runs)
+    table.to_csv(out / "ladder.csv", index=False)
+    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in line] for line in table.values]
+    lines = [
+        "# Exact match by model size (`posab size-trend`)",
+        "",
+        *markdown_table(list(table.columns), cells),
+    ]
+    (out / "ladder.md").write_text("\n".join([*lines, ""]), encoding="utf-8")
+    save_figure(ladder_figure(runs, table), out / "ladder.png")
+    return out / "ladder.md"
+
+
 def write_verdicts(frame: pd.DataFrame, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "size_trend_verdicts.csv", index=False)
@@ -305,10 +383,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in refused:
                 print(f"error: {line}", file=sys.stderr)
             return 2 if refused else 0
-        if args.claims is None or args.out is None or not args.paths:
-            parser.error("give RUNS ..., --claims and --out (or --plan FILE --seeds N)")
-        frame = claim_lines(collect_runs(args.paths), read_size_claims(args.claims))
-        print(write_verdicts(frame, args.out))
+        if args.out is None or not args.paths:
+            parser.error("give RUNS ... and --out (or --plan FILE --seeds N)")
+        runs = collect_runs(args.paths)
+        print(write_ladder(runs, args.out))
+        if args.claims is not None:
+            print(write_verdicts(claim_lines(runs, read_size_claims(args.claims)), args.out))
     except (ReportError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
