@@ -404,3 +404,36 @@ def test_the_grid_runs_each_tuned_encoding_at_its_pick_on_each_task_for_3_seeds(
         assert (job.get("encoding.eval_positions") == "sampled") == job["encoding"].startswith("randomized_")
     tuned = {dict(o.split("=", 1) for o in job)["encoding"] for job in preset_jobs("tasks_tune")}
     assert set(picks) == tuned
+
+
+def lengths_of(batch) -> list[int]:
+    """The instance lengths of a copy batch's rows: the symbols between BOS and SEP."""
+    return [int((row == SEP).nonzero()[0]) - 1 for row in batch.inputs]
+
+
+def test_a_length_curriculum_rises_from_the_shortest_to_the_longest_and_resumes() -> None:
+    """`data.task.curriculum`: batch 0 draws the shortest length only, the longest rises linearly to the
+    range's end at the curriculum's last batch; the sampler's state carries the count, so a resumed sampler
+    draws what the uninterrupted one does."""
+    from posab.data.sampler import TrainSampler
+
+    stream = TaskStream(TASKS["copy"], "train", (1, 20), 0, 2**48, curriculum=10)
+    # 1 + round(19 x b / 10): 1.9 -> 2, 9.5 -> 10 (half to even)
+    assert [stream.longest_at(b) for b in (0, 1, 5, 10, 50)] == [1, 3, 11, 20, 20]
+    assert TaskStream(TASKS["copy"], "train", (1, 20), 0, 2**48).longest_at(0) == 20  # none: every length
+    sampler = TrainSampler(stream, 42, 64, 0)
+    seen = [max(lengths_of(sampler.next_batch())) for _ in range(12)]
+    assert seen[0] == 1 and all(s <= stream.longest_at(b) for b, s in enumerate(seen)) and seen[-1] > 15
+    state = sampler.state_dict()
+    assert state["drawn"] == 12
+    resumed = TrainSampler(stream, 42, 64, 0)
+    resumed.load_state_dict(state)
+    assert torch.equal(resumed.next_batch().inputs, sampler.next_batch().inputs)
+    legacy = TrainSampler(stream, 42, 64, 1)
+    legacy.load_state_dict(TrainSampler(stream, 42, 64, 1).rng.bit_generator.state)  # an older checkpoint's
+    assert legacy.drawn == 0 and max(lengths_of(legacy.next_batch())) == 1
+
+
+def test_a_negative_curriculum_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"data.task.curriculum=-1: give the length curriculum's batches"):
+        typed_config(["data=task", "task=copy", "data.task.curriculum=-1"])

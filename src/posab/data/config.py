@@ -35,6 +35,11 @@ class TaskConfig:
     seed: int = 0  # the examples' generator; the run's `seed` draws which training examples it sees
     positions: str = "sequential"  # sequential | coupled (position coupling: the task's `Task.coupled`)
     max_position: int | None = None  # coupled: a training batch's positions are shifted to at most this
+    # a length curriculum: the training batches over which the longest training length rises, linearly,
+    # from the shortest to train_lengths' longest (`TaskStream.longest_at`; Zaremba & Sutskever, 2014,
+    # "Learning to Execute", section 4; Garg et al., NeurIPS 2022, section 3); 0: none, every training length
+    # from the first batch
+    curriculum: int = 0
 
     def validate(self) -> None:
         for name in ("train_lengths", "test_lengths"):
@@ -44,6 +49,10 @@ class TaskConfig:
                 f"data.task.{name}={low_high}: give [low, high] with 1 <= low <= high",
             )
         require(self.valid_examples > 0, f"data.task.valid_examples={self.valid_examples} must be positive")
+        require(
+            self.curriculum >= 0,
+            f"data.task.curriculum={self.curriculum}: give the length curriculum's batches, or 0 for none",
+        )
         task = task_named(self.name)
         task.check_lengths(*self.train_lengths, "data.task.train_lengths")
         task.check_lengths(*self.test_lengths, "data.task.test_lengths")

@@ -69,7 +69,9 @@ def task_data(cfg: TaskConfig) -> CorpusData:
     train, test = tuple(cfg.train_lengths), tuple(cfg.test_lengths)
     limit = cfg.max_position if cfg.positions == "coupled" else None  # coupled positions, or sequential
     streams = {
-        "train": TaskStream(task, "train", train, cfg.seed, TRAIN_INDICES, max_position=limit),
+        "train": TaskStream(
+            task, "train", train, cfg.seed, TRAIN_INDICES, max_position=limit, curriculum=cfg.curriculum
+        ),
         "valid": TaskStream(task, "valid", train, cfg.seed, cfg.valid_examples, max_position=limit),
         "test": TaskStream(
             task, "test", test, cfg.seed, TRAIN_INDICES, train_lengths=train, max_position=limit

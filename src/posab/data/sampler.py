@@ -38,19 +38,27 @@ class TrainSampler:
         self.mix = mix if mix is not None and mix.rate > 0 else None
         self.rank, self.world_size = shard
         self.rng = np.random.default_rng(seed)
+        self.drawn = 0  # batches drawn: what a task's length curriculum reads
         if self.mix is not None:
             self.mix.check(seq_len)
 
     def state_dict(self) -> dict[str, Any]:
-        """The random generator's state, as plain containers (resumable, `weights_only`-loadable)."""
-        return self.rng.bit_generator.state
+        """The random generator's state and the batches drawn, as plain containers (resumable,
+        `weights_only`-loadable)."""
+        return {"rng": self.rng.bit_generator.state, "drawn": self.drawn}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.bit_generator.state = state
+        """A state of `state_dict`, or of a checkpoint written before it counted batches (the generator's
+        state alone: no curriculum ran, so the count is not read)."""
+        if "rng" not in state:
+            state = {"rng": state, "drawn": 0}
+        self.rng.bit_generator.state = state["rng"]
+        self.drawn = int(state["drawn"])
 
     def next_batch(self) -> Batch:
         mixed = int(self.rng.binomial(self.batch_size, self.mix.rate)) if self.mix else 0
-        starts = self.stream.random_starts(self.rng, self.batch_size - mixed, self.seq_len)
+        starts = self.stream.random_starts(self.rng, self.batch_size - mixed, self.seq_len, self.drawn)
+        self.drawn += 1
         batch = self.stream.batch(starts, self.seq_len)
         if self.mix and mixed:
             batch = batch.cat(self.mix.batch(mixed, self.seq_len, self.rng))

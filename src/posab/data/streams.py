@@ -118,8 +118,9 @@ class TokenStream:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def random_starts(self, rng: np.random.Generator, count: int, length: int) -> np.ndarray:
-        """`count` window starts of `length` inputs drawn uniformly (the training sampler's draw)."""
+    def random_starts(self, rng: np.random.Generator, count: int, length: int, batch: int = 0) -> np.ndarray:
+        """`count` window starts of `length` inputs drawn uniformly (the training sampler's draw; `batch`,
+        the training batch it is for, is read by a task's length curriculum, not by text)."""
         return rng.integers(0, len(self) - length, size=count)
 
     def windows_available(self, length: int) -> int:

@@ -12,6 +12,11 @@ shared by its rows (`Batch.positions`), and an instance's depend on its length, 
 has the instance length of its first index (each drawn from its own index's generator, at that length).
 A training batch's positions start at an offset drawn from U(1, max_position - n - 1), the reference's
 random start, so that training reaches every position up to `max_position`; validation and test start at 1.
+
+A length curriculum (`data.task.curriculum` = C batches): training batch b draws its instance lengths from
+U(low, longest_at(b)), the longest rising linearly from `low` at batch 0 to `high` at batch C (the sampler
+counts its batches and keeps the count in its state, so a resumed run continues the curriculum). Validation
+and test are unchanged: the validation loss reads every training length throughout.
 """
 
 from __future__ import annotations
@@ -41,14 +46,17 @@ class TaskStream:
         count: int,
         train_lengths: tuple[int, int] | None = None,
         max_position: int | None = None,
+        curriculum: int = 0,
     ) -> None:
         """`lengths`: the split's inclusive range of instance lengths; `count`: how many examples it
         holds (indices 0 .. count - 1); `train_lengths`: the training split's range (default `lengths`),
         which tells seen lengths from unseen ones; `max_position`: coupled positions, at most this in
-        training (module docstring), or None for sequential positions."""
+        training (module docstring), or None for sequential positions; `curriculum`: the batches of the
+        length curriculum (`longest_at`), 0 for none."""
         self.task, self.split, self.lengths, self.seed, self.count = task, split, lengths, seed, count
         self.train_lengths = lengths if train_lengths is None else train_lengths
         self.max_position = max_position
+        self.curriculum = curriculum
         self.document = None  # no documents: every example stands alone
 
     @property
@@ -80,15 +88,28 @@ class TaskStream:
             )
         return np.arange(min(count, self.count))
 
-    def random_starts(self, rng: np.random.Generator, count: int, length: int) -> np.ndarray:
-        """`count` example indices drawn uniformly (the training sampler's draw)."""
-        return rng.integers(0, self.count, size=count)
+    def random_starts(self, rng: np.random.Generator, count: int, length: int, batch: int = 0) -> np.ndarray:
+        """`count` example indices drawn uniformly (the training sampler's draw for training batch `batch`);
+        with a curriculum each index also carries the longest length of its batch (`longest_at`): index
+        = longest x count + i, so that an example stays a pure function of its index."""
+        drawn = rng.integers(0, self.count, size=count)
+        return drawn + self.longest_at(batch) * self.count if self.curriculum else drawn
+
+    def longest_at(self, batch: int) -> int:
+        """The longest instance length of training batch `batch` under the curriculum: the shortest at batch
+        0, rising linearly (rounded) to the longest at batch `curriculum` and after."""
+        low, high = self.lengths
+        if not self.curriculum:
+            return high
+        return low + round((high - low) * min(1.0, batch / self.curriculum))
 
     def example(self, index: int, length: int | None = None) -> TaskExample:
-        """Example `index` of the split: its instance length uniform over the split's range, or `length`
-        (the generator's draws after the length's are the same)."""
+        """Example `index` of the split: its instance length uniform over the split's range (up to the
+        longest its index carries, under a curriculum), or `length` (the generator's draws after the
+        length's are the same)."""
         rng = np.random.default_rng((self.seed, SPLIT_IDS[self.split], int(index)))
-        drawn = int(rng.integers(self.lengths[0], self.lengths[1] + 1))
+        longest = int(index) // self.count if self.curriculum else self.lengths[1]
+        drawn = int(rng.integers(self.lengths[0], longest + 1))
         return self.task.example(rng, drawn if length is None else length)
 
     def examples_at(self, length: int, count: int, test: str | None = None) -> list[TaskExample]:
