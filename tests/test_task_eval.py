@@ -284,11 +284,23 @@ def test_report_columns_follow_the_keys() -> None:
     assert task_columns.report_columns(["ppl/512"]) == []
 
 
-@pytest.mark.parametrize("name", ["copy", "addition", "parity"])
-def test_a_task_run_trains_on_answers_and_writes_its_accuracy(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [
+        ("copy", ()),
+        ("addition", ()),
+        ("parity", ()),
+        ("mqar", ()),  # its query keys given
+        ("addition_reversed", ("data.task.curriculum=4",)),  # a length curriculum
+    ],
+)
+def test_a_task_run_trains_on_answers_and_writes_its_accuracy(
+    name: str, extra: tuple[str, ...], tmp_path: Path
+) -> None:
     """train.py's path in process: `data=task task=NAME` at a tiny budget writes results.json with every
     test length's key, the table and the figure; the validation loss is finite."""
     overrides = [
+        *extra,
         "data=task",
         f"task={name}",
         "model=tiny",
