@@ -49,11 +49,10 @@ from posab.plots import new_figure, save_figure
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
-from posab.report.resampling import holm
 from posab.report.stats import ALPHA, verdict
 from posab.studies.claims import POST_HOC, STATUSES, claims_file_lines
 from posab.studies.power import alpha_level, positive_count
-from posab.studies.tasks import SEEN, UNSEEN, fit_of
+from posab.studies.tasks import SEEN, UNSEEN, fit_of, holm_by_family
 
 CLAIM_COLUMNS = ("family", "row", "task", "sizes", "direction", "status", "registered", "statement")
 DIRECTIONS = ("increasing", "decreasing")
@@ -208,9 +207,7 @@ def claim_lines(runs: Sequence[RunRecord], claims: Sequence[SizeClaim]) -> pd.Da
             }
         )  # fmt: skip
     frame = pd.DataFrame(lines)
-    frame["p_holm"] = np.nan
-    for _, index in frame.groupby("family", sort=False).groups.items():
-        frame.loc[index, "p_holm"] = holm(frame.loc[index, "p"].tolist())
+    frame["p_holm"] = holm_by_family(frame)
     frame["verdict"] = [line_verdict(line) for _, line in frame.iterrows()]
     return frame
 

@@ -322,11 +322,17 @@ def claim_verdicts(found: Sequence[TaskRun], claims: Sequence[TaskClaim]) -> pd.
         differences, kept = paired_lengths(found, claim), fitting_seeds(found, claim)
         lines.append(claim_line(claim, differences, kept))
     frame = pd.DataFrame(lines)
-    frame["p_holm"] = np.nan
-    for _, index in frame.groupby("family", sort=False).groups.items():
-        frame.loc[index, "p_holm"] = holm(frame.loc[index, "p"].tolist())
+    frame["p_holm"] = holm_by_family(frame)
     frame["verdict"] = [claim_verdict(line) for _, line in frame.iterrows()]
     return frame
+
+
+def holm_by_family(frame: pd.DataFrame) -> pd.Series:
+    """Each claim's `p` adjusted by Holm within its `family` (the lines of one family, in any order)."""
+    adjusted = pd.Series(np.nan, index=frame.index)
+    for _, index in frame.groupby("family", sort=False).groups.items():
+        adjusted.loc[index] = holm(frame.loc[index, "p"].tolist())
+    return adjusted
 
 
 def claim_line(claim: TaskClaim, differences: dict[str, np.ndarray], kept: dict[str, np.ndarray]) -> dict:
