@@ -461,9 +461,13 @@ CLAIMS_HEADER = [
 def claims_table(claims: pd.DataFrame) -> list[str]:
     """A family's table; with the pairs each claim lost to its `fit` rule where the family states one."""
     rows = [_claim_cells(line) for _, line in claims.iterrows()]
-    if "fit" not in claims or claims["fit"].isna().all():
+    fits = pd.to_numeric(claims["fit"], errors="coerce") if "fit" in claims else pd.Series(dtype=float)
+    if fits.isna().all():  # no fit rule (an empty cell of a claims_verdicts.csv read as text, too)
         return markdown_table(CLAIMS_HEADER, rows)
-    lost = [f"{int(line['pairs_lost'])} (fit {line['fit']:g})" for _, line in claims.iterrows()]
+    lost = [
+        f"{int(line['pairs_lost'])} (fit {fit:g})"
+        for (_, line), fit in zip(claims.iterrows(), fits, strict=True)
+    ]
     header = [*CLAIMS_HEADER[:5], "pairs lost", *CLAIMS_HEADER[5:]]
     return markdown_table(
         header, [[*row[:5], extra, *row[5:]] for row, extra in zip(rows, lost, strict=True)]
