@@ -109,11 +109,28 @@ def test_a_family_is_tuned_on_its_own_tasks(tmp_path: Path) -> None:
     assert main([str(tmp_path), "--out", str(tmp_path / "x"), "--family", "poetry"]) == 2
 
 
-def test_the_family_tuning_grid_reaches_past_the_old_edge_on_each_family_s_task() -> None:
+def preset_jobs_dicts(name: str) -> list[dict[str, str]]:
     from conftest import preset_jobs
+
+    return [dict(o.split("=", 1) for o in job) for job in preset_jobs(name)]
+
+
+def test_the_family_tuning_grid_reaches_past_the_old_edge_at_each_task_s_pilot_budget() -> None:
+    """Every encoding at every rate on each task it tunes, each task at its budget in the pilot's budgets.csv
+    (a task whose budget is not decided, or that the pilot left out, is not tuned), one task a family."""
+    from conftest import ROOT
     from posab.data.tasks import TASKS
 
-    jobs = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks_tune_families")]
+    jobs = preset_jobs_dicts("tasks_tune_families")
+    budgets = pd.read_csv(ROOT / "results" / "tasks" / "pilot" / "budgets.csv").set_index("task")
     assert {float(j["train.lr"]) for j in jobs} == {2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3}
-    assert {TASKS[j["task"]].family for j in jobs} == {"sequence", "arithmetic", "recall", "state"}
-    assert {j["seed"] for j in jobs} == {"200"} and len(jobs) == 19 * 5 * 4
+    tasks = {j["task"] for j in jobs}
+    suite = {j["encoding"] for j in preset_jobs_dicts("tasks")}  # the grid's 19 encodings
+    for task in tasks:
+        assert budgets.loc[task, "learned"] and not budgets.loc[task, "left_out"], task
+        assert {int(j["train.steps"]) for j in jobs if j["task"] == task} == {
+            int(budgets.loc[task, "budget"])
+        }
+        assert {j["encoding"] for j in jobs if j["task"] == task} == suite, task
+    assert len({TASKS[t].family for t in tasks}) == len(tasks)  # one representative a family
+    assert {j["seed"] for j in jobs} == {"200"} and len(jobs) == 19 * 5 * len(tasks)
