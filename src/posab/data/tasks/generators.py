@@ -33,9 +33,9 @@ match, as the reference does.
   its value (`a3b7c1` -> `c1a3b7`). The query keys are given, not written (`Task.given`): decoding feeds
   them, the loss and exact match score the values (and EOS), as the reference's labels score only the
   token after each query key. So each value is one associative hop from the key just read. (The first
-  form, the queries in the prompt and the values alone as the answer, `a3b7c1,cab` -> `137`, asks the
-  model to find the i-th query from the i-th answer position as well; its pilot, at 1,000-4,000 steps,
-  emitted the values in an order unrelated to the queries: exact match 1/n! at n = 1 .. 4.) Trained on a
+  form, the queries in the prompt and the values alone as the answer, `a3b7c1,cab` -> `137`, also asked
+  the model to find the i-th query from the i-th answer position: not the reference's task; its pilot is in
+  results/tasks/pilot_mqar_first_form.) Trained on a
   mixture of lengths (U(1, 8)): training at the longest length alone is a known failure. n <= 26.
 - flipflop (issue 58): flip-flop language modelling (Liu et al., 2023, "Exposing Attention Glitches with
   Flip-Flop Language Modeling"): n instructions, each a letter and a bit, `w` (write the bit), `i` (ignore
