@@ -103,13 +103,14 @@ def task_trainer(cfg: Config) -> Trainer:
 def evaluation_seconds(cfg: Config) -> float:
     """The task evaluation of one run (`eval.task`, cached greedy decoding at every test length), timed at
     1/EVAL_SHARE of its examples and scaled by EVAL_SHARE (module docstring)."""
-    trainer = task_trainer(cfg)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, TaskTokenizer.vocab_size).eval()  # untrained: decoding writes as many steps
     examples = max(1, cfg.eval.task.examples // EVAL_SHARE)
     settings = cfg.eval
     settings.task.examples = examples
     stream = prepare_data(cfg.data).streams["test"]
     ctx = EvalContext(
-        trainer.model, TaskTokenizer(), stream, CPU, precision(cfg), cfg.train.seq_len, settings, "nope"
+        model, TaskTokenizer(), stream, CPU, precision(cfg), cfg.train.seq_len, settings, "nope"
     )
     start = time.perf_counter()
     run_evaluator(ctx, "task")
