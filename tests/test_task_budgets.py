@@ -139,6 +139,11 @@ def test_the_ladder_runs_the_nope_study_s_five_at_three_sizes_and_the_variants_t
     readers = {(e, p) for e in ("sinusoidal", "learned", "rope") for p in ("sequential", "coupled")}
     assert rows == readers | {("nope", "sequential")} and len(coupling) == 21
     assert all(j["task"] == "addition_padded" for j in coupling)
+    budgets = pd.read_csv(Path(__file__).parents[1] / "results" / "tasks" / "pilot" / "budgets.csv")
+    padded = budgets.set_index("task").loc["addition_padded"]
+    assert padded["complete"] and not padded["left_out"]
+    assert {int(j["train.steps"]) for j in coupling} == {int(padded["budget"])}  # the pilot's budget
+    assert {float(j["train.lr"]) for j in coupling} == {3e-3}  # the rate the budget was set at
 
 
 def test_a_task_no_reference_learned_leaves_the_suite_s_aggregate(
