@@ -47,6 +47,15 @@ def test_picks_take_the_best_lr_then_the_best_lr_mult_at_it() -> None:
     ]
 
 
+def test_a_pick_from_one_rate_is_flagged_not_called_interior(tmp_path: Path) -> None:
+    """A part of a tuning with one rate run so far has searched nothing: flagged, with no rate to add."""
+    write_csv([*sweep(), run("rope", 1e-3, 1.5)], tmp_path / "runs.csv")
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "tuning.md").read_text()
+    assert "3 of 4 picks sit at an edge" in text and "Every pick is interior" not in text
+    assert "- rope: picked 0.001; one rate searched, so no grid to extend" in text
+
+
 def test_tuning_script_writes_the_table_and_picks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_csv(sweep(), tmp_path / "runs.csv")
     assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0

@@ -4,16 +4,16 @@ with parameters, the multiplier of its own group's learning rate, picked on the 
     posab tuning outputs/multirun/SWEEP [DIR ...] --out results/NAME
 
 Reads the runs as `scripts/report.py` does. Each finished run is one point (encoding, `train.lr`,
-`encoding.lr_mult`) scored by its final validation loss (`val_loss`: `train.val_windows` fixed windows of
-the valid split, the same for every run). A task suite's runs (`data.task.name`) make one point per
-(encoding, lr, lr_mult): the mean of the losses (on answer tokens of the valid split's fixed examples) over
-the tasks the encoding was tuned on. Per encoding: the lr with the lowest loss among the runs at lr_mult 1,
-then the lr_mult with the lowest loss among the runs at that lr. A pick at the edge of the grid searched is
-flagged, with the rate one log-spaced step past it that extends the grid (issue 58): the best rate may lie
-beyond it. `--family NAME` picks on one task family's runs alone (`Task.family`: sequence, arithmetic,
-recall, state), so that each family is tuned on its own tasks (issue 58). Writes tuning.md (every point, the
-picks), picks.csv and tuning.png (loss against lr per encoding); the picks are printed as the Hydra grid
-lines of a study that runs each encoding at them.
+`encoding.lr_mult`) scored by its final validation loss (`val_loss`: `train.val_windows` fixed windows of the
+valid split, the same for every run). A task suite's runs (`data.task.name`) make one point per (encoding, lr,
+lr_mult): the mean of the losses (on answer tokens of the valid split's fixed examples) over the tasks the
+encoding was tuned on. Per encoding: the lr with the lowest loss among the runs at lr_mult 1, then the lr_mult
+with the lowest loss among the runs at that lr. A pick at the edge of the grid searched is flagged, with the
+rate one log-spaced step past it that extends the grid (issue 58): the best rate may lie beyond it; a pick
+from one rate alone is flagged too (it searched nothing). `--family NAME` picks on one task family's runs
+alone (`Task.family`: sequence, arithmetic, recall, state), so that each family is tuned on its own tasks
+(issue 58). Writes tuning.md (every point, the picks), picks.csv and tuning.png (loss against lr per
+encoding); the picks are printed as the Hydra grid lines of a study that runs each encoding at them.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Pick:
     lr: float
     lr_mult: float
     val_loss: float
-    edge: bool  # the picked lr is the smallest or largest of the grid searched
+    edge: bool  # the picked lr is the smallest or largest of the grid searched (or its only rate)
 
 
 def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
@@ -90,7 +90,7 @@ def picks(frame: pd.DataFrame) -> list[Pick]:
         at_lr = runs[runs["lr"] == lr].dropna(subset=["val_loss"])
         best = at_lr.loc[at_lr["val_loss"].idxmin()]
         grid = sorted(base["lr"].unique())
-        edge = len(grid) > 1 and lr in (grid[0], grid[-1])
+        edge = lr in (grid[0], grid[-1])  # one rate alone is both edges: no search, never interior
         chosen.append(Pick(str(encoding), lr, float(best["lr_mult"]), float(best["val_loss"]), edge))
     return chosen
 
@@ -143,10 +143,13 @@ def extension_lines(frame: pd.DataFrame, chosen: Sequence[Pick]) -> list[str]:
         "beyond it. Extend the grid (log-spaced) with:",
         "",
     ]
-    lines += [
-        f"- {p.encoding}: picked {p.lr:g}; add {', '.join(f'{r:g}' for r in rates)}" for p, rates in flagged
-    ]
+    lines += [f"- {p.encoding}: picked {p.lr:g}; {remedy(rates)}" for p, rates in flagged]
     return lines
+
+
+def remedy(rates: Sequence[float]) -> str:
+    """What extends an edge pick's grid: the rates to add, or none where only one rate was searched."""
+    return f"add {', '.join(f'{r:g}' for r in rates)}" if rates else "one rate searched, so no grid to extend"
 
 
 def tuning_figure(frame: pd.DataFrame, chosen: Sequence[Pick]) -> Figure:
