@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from report_runs import finished_run
 
-from conftest import preset_jobs, typed_config
+from conftest import ROOT, preset_jobs, typed_config
 from posab.data.tasks import TASKS
 from posab.report.records import RunRecord
 from posab.report.runs_csv import write_csv
@@ -139,11 +139,12 @@ def test_the_ladder_runs_the_nope_study_s_five_at_three_sizes_and_the_variants_t
     readers = {(e, p) for e in ("sinusoidal", "learned", "rope") for p in ("sequential", "coupled")}
     assert rows == readers | {("nope", "sequential")} and len(coupling) == 21
     assert all(j["task"] == "addition_padded" for j in coupling)
-    budgets = pd.read_csv(Path(__file__).parents[1] / "results" / "tasks" / "pilot" / "budgets.csv")
+    budgets = pd.read_csv(ROOT / "results" / "tasks" / "pilot" / "budgets.csv")
     padded = budgets.set_index("task").loc["addition_padded"]
     assert padded["complete"] and not padded["left_out"]
     assert {int(j["train.steps"]) for j in coupling} == {int(padded["budget"])}  # the pilot's budget
-    assert {float(j["train.lr"]) for j in coupling} == {3e-3}  # the rate the budget was set at
+    pilot_rate = typed_config(["+experiment=tasks_pilot", "task=addition_padded"]).train.lr
+    assert {float(j["train.lr"]) for j in coupling} == {pilot_rate}  # the rate the budget was set at
 
 
 def test_a_task_no_reference_learned_leaves_the_suite_s_aggregate(
