@@ -34,7 +34,7 @@ def sweep() -> list[RunRecord]:
 
 
 def test_picks_take_the_best_lr_then_the_best_lr_mult_at_it() -> None:
-    chosen = {p.encoding: p for p in picks(points(sweep()))}
+    chosen = {p.form: p for p in picks(points(sweep()))}
     assert (chosen["alibi"].lr, chosen["alibi"].lr_mult, chosen["alibi"].edge) == (3e-3, 1.0, False)
     assert (chosen["multiscale"].lr, chosen["multiscale"].lr_mult) == (6e-3, 10.0)
     assert chosen["multiscale"].val_loss == 1.60 and chosen["multiscale"].edge
@@ -68,6 +68,39 @@ def test_tuning_script_writes_the_table_and_picks(tmp_path: Path, capsys: pytest
     assert (tmp_path / "out" / "picks.csv").read_text().count("\n") == 4  # header + 3 encodings
     assert "](tuning.png)" in text
     assert (tmp_path / "out" / "tuning.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_form_of_an_encoding_is_tuned_apart_from_the_encoding() -> None:
+    """Issue 58's variants: RoPE at rotary_dim 8 beside RoPE (rotary_dim null) is its own form, with its
+    own pick and its option in its grid lines; an option every run of an encoding shares makes no form."""
+
+    def form_run(encoding: str, lr: float, loss: float, options: dict[str, str]) -> RunRecord:
+        config = {"train.lr": str(lr), **options}
+        name = f"{encoding}-{lr}-{'-'.join(options.values())}"
+        return finished_run(name, encoding, 0, "tune", config, {"val_loss": loss})
+
+    quarter, full = {"encoding.rotary_dim": "8"}, {"encoding.rotary_dim": "None"}
+    runs = [
+        *(form_run("rope", lr, loss, full) for lr, loss in ((1e-3, 0.3), (2e-3, 0.1), (4e-3, 0.2))),
+        *(form_run("rope", lr, loss, quarter) for lr, loss in ((1e-3, 0.3), (2e-3, 0.4), (4e-3, 0.2))),
+        *(form_run("multiscale", lr, 1 / lr, {"encoding.clamp": "train"}) for lr in (1e-3, 2e-3)),
+    ]
+    chosen = {p.form: p for p in picks(points(runs))}
+    assert set(chosen) == {"rope, encoding.rotary_dim=None", "rope, encoding.rotary_dim=8", "multiscale"}
+    variant = chosen["rope, encoding.rotary_dim=8"]
+    assert (variant.encoding, variant.options, variant.lr, variant.edge) == (
+        "rope",
+        "encoding.rotary_dim=8",
+        4e-3,
+        True,
+    )
+    assert (chosen["rope, encoding.rotary_dim=None"].lr, chosen["multiscale"].lr) == (2e-3, 2e-3)
+    assert grid_lines([variant]) == [
+        "- seed: 0,1,2",
+        "  encoding: rope",
+        "  encoding.rotary_dim: 8",
+        "  train.lr: 0.004",
+    ]
 
 
 def test_an_encoding_without_a_run_at_lr_mult_1_is_refused() -> None:
@@ -130,7 +163,9 @@ def test_the_family_tuning_grid_reaches_past_the_old_edge_at_each_task_s_pilot_b
     from conftest import ROOT
     from posab.data.tasks import TASKS
 
-    jobs = preset_jobs_dicts("tasks_tune_families")
+    every = preset_jobs_dicts("tasks_tune_families")
+    variants = [j for j in every if "encoding.rotary_dim" in j or "encoding.init" in j]
+    jobs = [j for j in every if j not in variants]
     budgets = pd.read_csv(ROOT / "results" / "tasks" / "pilot" / "budgets.csv").set_index("task")
     assert {float(j["train.lr"]) for j in jobs} == {2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3}
     tasks = {j["task"] for j in jobs}
@@ -143,3 +178,9 @@ def test_the_family_tuning_grid_reaches_past_the_old_edge_at_each_task_s_pilot_b
         assert {j["encoding"] for j in jobs if j["task"] == task} == suite, task
     assert len({TASKS[t].family for t in tasks}) == len(tasks)  # one representative a family
     assert {j["seed"] for j in jobs} == {"200"} and len(jobs) == 19 * 5 * len(tasks)
+    # the variants (tasks_variants.yaml) at every rate, on copy alone: the family of their tasks
+    assert {(j["encoding"], j.get("encoding.rotary_dim"), j.get("encoding.init")) for j in variants} == {
+        ("rope", "8", None),
+        ("t5", None, "hf"),
+    }
+    assert len(variants) == 2 * 5 and {(j["task"], j["train.steps"]) for j in variants} == {("copy", "2000")}

@@ -3,11 +3,13 @@ with parameters, the multiplier of its own group's learning rate, picked on the 
 
     posab tuning outputs/multirun/SWEEP [DIR ...] --out results/NAME
 
-Reads the runs as `scripts/report.py` does. Each finished run is one point (encoding, `train.lr`,
+Reads the runs as `scripts/report.py` does. Each finished run is one point (form, `train.lr`,
 `encoding.lr_mult`) scored by its final validation loss (`val_loss`: `train.val_windows` fixed windows of the
 valid split, the same for every run). A task suite's runs (`data.task.name`) make one point per (encoding, lr,
 lr_mult): the mean of the losses (on answer tokens of the valid split's fixed examples) over the tasks the
-encoding was tuned on. Per encoding: the lr with the lowest loss among the runs at lr_mult 1, then the lr_mult
+encoding was tuned on. A form is the encoding and its options (`encoding.*`, lr_mult aside) that differ
+between runs of it: RoPE at `encoding.rotary_dim=8` is tuned apart from RoPE (issue 58's variants). Per form:
+the lr with the lowest loss among the runs at lr_mult 1, then the lr_mult
 with the lowest loss among the runs at that lr. A pick at the edge of the grid searched is flagged, with the
 rate one log-spaced step past it that extends the grid (issue 58): the best rate may lie beyond it; a pick
 from one rate alone is flagged too (it searched nothing). `--family NAME` picks on one task family's runs
@@ -31,6 +33,7 @@ from matplotlib.figure import Figure
 from posab.data.tasks import TASKS
 from posab.plots import new_figure, save_figure
 from posab.report.cli import collect_runs
+from posab.report.grouping import label_keys, swept_keys
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
 from posab.report.styles import encoding_colours, legend_right
@@ -40,26 +43,38 @@ LR, MULT, SCORE, TASK = "train.lr", "encoding.lr_mult", "val_loss", "data.task.n
 
 @dataclass(frozen=True)
 class Pick:
+    form: str  # the encoding and its options that differ between its runs: "rope, encoding.rotary_dim=8"
     encoding: str
+    options: str  # those options as overrides, "encoding.rotary_dim=8"; "" for the encoding as it is
     lr: float
     lr_mult: float
     val_loss: float
     edge: bool  # the picked lr is the smallest or largest of the grid searched (or its only rate)
 
 
+def form_options(runs: Sequence[RunRecord]) -> dict[str, list[str]]:
+    """Per encoding, the `encoding.*` keys (lr_mult aside: it is tuned) that differ between its runs."""
+    keys = [k for k in swept_keys(runs) if k.startswith("encoding.") and k != MULT]
+    return label_keys(runs, keys)
+
+
 def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
-    """One line per point (encoding, lr, lr_mult (1 when the run has none)): its val_loss, the mean over
-    the tasks (`data.task.name`) the encoding was tuned on when the runs are a task suite's (`over_tasks`)."""
+    """One line per point (form, lr, lr_mult (1 when the run has none)): its val_loss, the mean over the
+    tasks (`data.task.name`) the form was tuned on when the runs are a task suite's (`over_tasks`)."""
+    finished = [r for r in runs if r.finished and LR in r.config]
+    shown = form_options(finished)
     lines = [
         {
+            "form": ", ".join([r.encoding, *overrides]),
             "encoding": r.encoding,
+            "options": ", ".join(overrides),
             "task": r.config.get(TASK),
             "lr": float(r.config[LR]),
             "lr_mult": float(r.config.get(MULT, 1.0)),
             "val_loss": r.metrics.get(SCORE, math.nan),
         }
-        for r in runs
-        if r.finished and LR in r.config
+        for r in finished
+        for overrides in [[f"{k}={r.config[k]}" for k in shown.get(r.encoding, []) if k in r.config]]
     ]
     if not lines:
         raise ReportError(f"no finished runs with `{LR}` in their config")
@@ -67,56 +82,60 @@ def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
 
 
 def over_tasks(frame: pd.DataFrame) -> pd.DataFrame:
-    """Each (encoding, lr, lr_mult) once, its val_loss the mean over the encoding's tasks (NaN, so never
-    picked, where a task's run is missing); the frame as it is when no run is a task's."""
+    """Each (form, lr, lr_mult) once, its val_loss the mean over the form's tasks (NaN, so never picked,
+    where a task's run is missing); the frame as it is when no run is a task's."""
     if frame["task"].isna().all():
         return frame.drop(columns="task")
-    tasks = frame.groupby("encoding")["task"].transform("nunique")
+    tasks = frame.groupby("form")["task"].transform("nunique")
     frame = frame.assign(tasks=tasks)
-    grouped = frame.groupby(["encoding", "lr", "lr_mult"], sort=False)
+    grouped = frame.groupby(["form", "encoding", "options", "lr", "lr_mult"], sort=False)
     merged = grouped.agg(val_loss=("val_loss", "mean"), found=("task", "nunique"), tasks=("tasks", "first"))
     merged.loc[merged["found"] < merged["tasks"], "val_loss"] = math.nan
     return merged.reset_index().drop(columns=["found", "tasks"])
 
 
 def picks(frame: pd.DataFrame) -> list[Pick]:
-    """Each encoding's best lr at lr_mult 1, then its best lr_mult at that lr (lowest val_loss)."""
+    """Each form's best lr at lr_mult 1, then its best lr_mult at that lr (lowest val_loss)."""
     chosen = []
-    for encoding, runs in frame.groupby("encoding", sort=False):
+    for form, runs in frame.groupby("form", sort=False):
         base = runs[runs["lr_mult"] == 1.0].dropna(subset=["val_loss"])
         if base.empty:
-            raise ReportError(f"{encoding}: no finished run at encoding.lr_mult=1 with a val_loss")
+            raise ReportError(f"{form}: no finished run at encoding.lr_mult=1 with a val_loss")
         lr = float(base.loc[base["val_loss"].idxmin(), "lr"])
         at_lr = runs[runs["lr"] == lr].dropna(subset=["val_loss"])
         best = at_lr.loc[at_lr["val_loss"].idxmin()]
         grid = sorted(base["lr"].unique())
         edge = lr in (grid[0], grid[-1])  # one rate alone is both edges: no search, never interior
-        chosen.append(Pick(str(encoding), lr, float(best["lr_mult"]), float(best["val_loss"]), edge))
+        name, options = str(runs["encoding"].iloc[0]), str(runs["options"].iloc[0])
+        lr_mult, val_loss = float(best["lr_mult"]), float(best["val_loss"])
+        chosen.append(Pick(str(form), name, options, lr, lr_mult, val_loss, edge))
     return chosen
 
 
 def tuning_lines(frame: pd.DataFrame, chosen: Sequence[Pick]) -> list[str]:
-    """The Markdown table: each encoding's loss at every (lr, lr_mult) searched, its picks."""
+    """The Markdown table: each form's loss at every (lr, lr_mult) searched, its picks."""
     columns = sorted({(lr, mult) for lr, mult in zip(frame["lr"], frame["lr_mult"], strict=True)})
     header = ["encoding", *(f"lr {lr:g}" + (f" × {mult:g}" if mult != 1 else "") for lr, mult in columns)]
     header += ["picked lr", "picked lr_mult", "val_loss"]
     body = []
     for pick in chosen:
-        runs = frame[frame["encoding"] == pick.encoding]
+        runs = frame[frame["form"] == pick.form]
         cells = []
         for lr, mult in columns:
             hit = runs[(runs["lr"] == lr) & (runs["lr_mult"] == mult)]["val_loss"]
             cells.append(f"{hit.min():.4f}" if len(hit) else "—")
         lr = f"{pick.lr:g}" + (" (edge)" if pick.edge else "")
-        body.append([pick.encoding, *cells, lr, f"{pick.lr_mult:g}", f"{pick.val_loss:.4f}"])
+        body.append([pick.form, *cells, lr, f"{pick.lr_mult:g}", f"{pick.val_loss:.4f}"])
     return markdown_table(header, body)
 
 
 def grid_lines(chosen: Sequence[Pick], seeds: str = "0,1,2") -> list[str]:
-    """Hydra `grids` entries that run each encoding at its picks."""
+    """Hydra `grids` entries that run each form at its picks."""
     lines = []
     for pick in chosen:
-        lines += [f"- seed: {seeds}", f"  encoding: {pick.encoding}", f"  {LR}: {pick.lr:g}"]
+        lines += [f"- seed: {seeds}", f"  encoding: {pick.encoding}"]
+        lines += [f"  {option.replace('=', ': ', 1)}" for option in pick.options.split(", ") if option]
+        lines.append(f"  {LR}: {pick.lr:g}")
         if pick.lr_mult != 1:
             lines.append(f"  {MULT}: {pick.lr_mult:g}")
     return lines
@@ -126,7 +145,7 @@ def extension(frame: pd.DataFrame, pick: Pick) -> list[float]:
     """For a pick at an edge of its grid, the rate one log-spaced step past it (the grid's mean ratio
     between neighbours), so that the extended grid has a rate beyond the pick on both sides (issue 58);
     nothing for an interior pick."""
-    grid = sorted(frame.loc[(frame["encoding"] == pick.encoding) & (frame["lr_mult"] == 1.0), "lr"].unique())
+    grid = sorted(frame.loc[(frame["form"] == pick.form) & (frame["lr_mult"] == 1.0), "lr"].unique())
     if not pick.edge or len(grid) < 2:
         return []
     ratio = (grid[-1] / grid[0]) ** (1 / (len(grid) - 1))
@@ -143,7 +162,7 @@ def extension_lines(frame: pd.DataFrame, chosen: Sequence[Pick]) -> list[str]:
         "beyond it. Extend the grid (log-spaced) with:",
         "",
     ]
-    lines += [f"- {p.encoding}: picked {p.lr:g}; {remedy(rates)}" for p, rates in flagged]
+    lines += [f"- {p.form}: picked {p.lr:g}; {remedy(rates)}" for p, rates in flagged]
     return lines
 
 
@@ -153,16 +172,16 @@ def remedy(rates: Sequence[float]) -> str:
 
 
 def tuning_figure(frame: pd.DataFrame, chosen: Sequence[Pick]) -> Figure:
-    """Final validation loss against lr (log scale), a line per encoding at lr_mult 1; runs at another
-    lr_mult as open squares; each encoding's pick circled."""
-    colours = encoding_colours(frame["encoding"])
+    """Final validation loss against lr (log scale), a line per form at lr_mult 1; runs at another lr_mult
+    as open squares; each form's pick circled."""
+    colours = encoding_colours(frame["form"])
     fig = new_figure(10.0, 4.5, layout="constrained")
     ax = fig.add_subplot()
     for pick in chosen:
-        runs = frame[frame["encoding"] == pick.encoding].sort_values("lr")
+        runs = frame[frame["form"] == pick.form].sort_values("lr")
         base = runs[runs["lr_mult"] == 1.0]
-        colour = colours[pick.encoding]
-        ax.plot(base["lr"], base["val_loss"], color=colour, marker="o", markersize=4, label=pick.encoding)
+        colour = colours[pick.form]
+        ax.plot(base["lr"], base["val_loss"], color=colour, marker="o", markersize=4, label=pick.form)
         other = runs[runs["lr_mult"] != 1.0]
         ax.plot(other["lr"], other["val_loss"], color=colour, marker="s", fillstyle="none", linestyle="none")
         ax.plot(
