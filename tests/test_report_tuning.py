@@ -72,21 +72,22 @@ def test_tuning_script_writes_the_table_and_picks(tmp_path: Path, capsys: pytest
 
 def test_a_form_of_an_encoding_is_tuned_apart_from_the_encoding() -> None:
     """Issue 58's variants: RoPE at rotary_dim 8 beside RoPE (rotary_dim null) is its own form, with its
-    own pick and its option in its grid lines; an option every run of an encoding shares makes no form."""
+    own pick and its option in its grid lines, while RoPE at its yaml's default keeps its name; an option
+    every run of an encoding shares makes no form."""
 
     def form_run(encoding: str, lr: float, loss: float, options: dict[str, str]) -> RunRecord:
         config = {"train.lr": str(lr), **options}
         name = f"{encoding}-{lr}-{'-'.join(options.values())}"
         return finished_run(name, encoding, 0, "tune", config, {"val_loss": loss})
 
-    quarter, full = {"encoding.rotary_dim": "8"}, {"encoding.rotary_dim": "None"}
+    quarter, full = {"encoding.rotary_dim": "8"}, {"encoding.rotary_dim": "null"}
     runs = [
         *(form_run("rope", lr, loss, full) for lr, loss in ((1e-3, 0.3), (2e-3, 0.1), (4e-3, 0.2))),
         *(form_run("rope", lr, loss, quarter) for lr, loss in ((1e-3, 0.3), (2e-3, 0.4), (4e-3, 0.2))),
         *(form_run("multiscale", lr, 1 / lr, {"encoding.clamp": "train"}) for lr in (1e-3, 2e-3)),
     ]
     chosen = {p.form: p for p in picks(points(runs))}
-    assert set(chosen) == {"rope, encoding.rotary_dim=None", "rope, encoding.rotary_dim=8", "multiscale"}
+    assert set(chosen) == {"rope", "rope, encoding.rotary_dim=8", "multiscale"}
     variant = chosen["rope, encoding.rotary_dim=8"]
     assert (variant.encoding, variant.options, variant.lr, variant.edge) == (
         "rope",
@@ -94,7 +95,7 @@ def test_a_form_of_an_encoding_is_tuned_apart_from_the_encoding() -> None:
         4e-3,
         True,
     )
-    assert (chosen["rope, encoding.rotary_dim=None"].lr, chosen["multiscale"].lr) == (2e-3, 2e-3)
+    assert (chosen["rope"].lr, chosen["rope"].options, chosen["multiscale"].lr) == (2e-3, "", 2e-3)
     assert grid_lines([variant]) == [
         "- seed: 0,1,2",
         "  encoding: rope",

@@ -5,16 +5,16 @@ with parameters, the multiplier of its own group's learning rate, picked on the 
 
 Reads the runs as `scripts/report.py` does. Each finished run is one point (form, `train.lr`,
 `encoding.lr_mult`) scored by its final validation loss (`val_loss`: `train.val_windows` fixed windows of the
-valid split, the same for every run). A task suite's runs (`data.task.name`) make one point per (encoding, lr,
+valid split, the same for every run). A task suite's runs (`data.task.name`) make one point per (form, lr,
 lr_mult): the mean of the losses (on answer tokens of the valid split's fixed examples) over the tasks the
-encoding was tuned on. A form is the encoding and its options (`encoding.*`, lr_mult aside) that differ
-between runs of it: RoPE at `encoding.rotary_dim=8` is tuned apart from RoPE (issue 58's variants). Per form:
-the lr with the lowest loss among the runs at lr_mult 1, then the lr_mult
-with the lowest loss among the runs at that lr. A pick at the edge of the grid searched is flagged, with the
-rate one log-spaced step past it that extends the grid (issue 58): the best rate may lie beyond it; a pick
-from one rate alone is flagged too (it searched nothing). `--family NAME` picks on one task family's runs
-alone (`Task.family`: sequence, arithmetic, recall, state), so that each family is tuned on its own tasks
-(issue 58). Writes tuning.md (every point, the picks), picks.csv and tuning.png (loss against lr per
+encoding was tuned on. A form is the encoding and those of its options (`encoding.*`, lr_mult aside) that
+differ between its runs and from its yaml's default: RoPE at `encoding.rotary_dim=8` is tuned apart from RoPE
+(issue 58's variants), which keeps its name. Per form: the lr with the lowest loss among the runs at lr_mult
+1, then the lr_mult with the lowest loss among the runs at that lr. A pick at the edge of the grid searched is
+flagged, with the rate one log-spaced step past it that extends the grid (issue 58): the best rate may lie
+beyond it; a pick from one rate alone is flagged too (it searched nothing). `--family NAME` picks on one task
+family's runs alone (`Task.family`: sequence, arithmetic, recall, state), so that each family is tuned on its
+own tasks (issue 58). Writes tuning.md (every point, the picks), picks.csv and tuning.png (loss against lr per
 encoding); the picks are printed as the Hydra grid lines of a study that runs each encoding at them.
 """
 
@@ -36,6 +36,7 @@ from posab.report.cli import collect_runs
 from posab.report.grouping import label_keys, swept_keys
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
+from posab.report.rundirs import encoding_defaults
 from posab.report.styles import encoding_colours, legend_right
 
 LR, MULT, SCORE, TASK = "train.lr", "encoding.lr_mult", "val_loss", "data.task.name"
@@ -52,17 +53,24 @@ class Pick:
     edge: bool  # the picked lr is the smallest or largest of the grid searched (or its only rate)
 
 
-def form_options(runs: Sequence[RunRecord]) -> dict[str, list[str]]:
-    """Per encoding, the `encoding.*` keys (lr_mult aside: it is tuned) that differ between its runs."""
+def form_overrides(runs: Sequence[RunRecord]) -> dict[str, list[str]]:
+    """Per run (by name), its form's options as overrides: the `encoding.*` keys (lr_mult aside: it is
+    tuned) that differ between runs of its encoding, where the run's value is not its yaml's default."""
     keys = [k for k in swept_keys(runs) if k.startswith("encoding.") and k != MULT]
-    return label_keys(runs, keys)
+    shown = label_keys(runs, keys)
+    forms = {}
+    for run in runs:
+        default = encoding_defaults(run.encoding)
+        options = [k for k in shown.get(run.encoding, []) if k in run.config]
+        forms[run.name] = [f"{k}={run.config[k]}" for k in options if run.config[k] != default.get(k)]
+    return forms
 
 
 def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
     """One line per point (form, lr, lr_mult (1 when the run has none)): its val_loss, the mean over the
     tasks (`data.task.name`) the form was tuned on when the runs are a task suite's (`over_tasks`)."""
     finished = [r for r in runs if r.finished and LR in r.config]
-    shown = form_options(finished)
+    forms = form_overrides(finished)
     lines = [
         {
             "form": ", ".join([r.encoding, *overrides]),
@@ -74,7 +82,7 @@ def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
             "val_loss": r.metrics.get(SCORE, math.nan),
         }
         for r in finished
-        for overrides in [[f"{k}={r.config[k]}" for k in shown.get(r.encoding, []) if k in r.config]]
+        for overrides in [forms[r.name]]
     ]
     if not lines:
         raise ReportError(f"no finished runs with `{LR}` in their config")
