@@ -60,7 +60,7 @@ def test_tuning_script_writes_the_table_and_picks(tmp_path: Path, capsys: pytest
     write_csv(sweep(), tmp_path / "runs.csv")
     assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "tuning.md").read_text()
-    assert "| multiscale | 1.9000 | — | 1.7000 | 1.6500 | 1.6000 | 0.006 (edge) | 10 | 1.6000 |" in text
+    assert "| multiscale | 1.9 | — | 1.7 | 1.65 | 1.6 | 0.006 (edge) | 10 | 1.6 |" in text
     assert "encoding: alibi" in capsys.readouterr().out
     # the edge picks, flagged, each with the rate one step past it (the grid's ratio: sqrt(6) = 2.449)
     assert "2 of 3 picks sit at an edge of the grid searched" in text

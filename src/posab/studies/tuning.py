@@ -121,9 +121,10 @@ def picks(frame: pd.DataFrame) -> list[Pick]:
 
 
 def tuning_lines(frame: pd.DataFrame, chosen: Sequence[Pick]) -> list[str]:
-    """The Markdown table: each form's loss at every (lr, lr_mult) searched, its picks."""
+    """The Markdown table: each form's loss (3 significant digits: copy's reach 1e-7) at every (lr,
+    lr_mult) searched, its picks."""
     columns = sorted({(lr, mult) for lr, mult in zip(frame["lr"], frame["lr_mult"], strict=True)})
-    header = ["encoding", *(f"lr {lr:g}" + (f" × {mult:g}" if mult != 1 else "") for lr, mult in columns)]
+    header = ["form", *(f"lr {lr:g}" + (f" × {mult:g}" if mult != 1 else "") for lr, mult in columns)]
     header += ["picked lr", "picked lr_mult", "val_loss"]
     body = []
     for pick in chosen:
@@ -131,9 +132,9 @@ def tuning_lines(frame: pd.DataFrame, chosen: Sequence[Pick]) -> list[str]:
         cells = []
         for lr, mult in columns:
             hit = runs[(runs["lr"] == lr) & (runs["lr_mult"] == mult)]["val_loss"]
-            cells.append(f"{hit.min():.4f}" if len(hit) else "—")
+            cells.append(f"{hit.min():.3g}" if len(hit) else "—")
         lr = f"{pick.lr:g}" + (" (edge)" if pick.edge else "")
-        body.append([pick.form, *cells, lr, f"{pick.lr_mult:g}", f"{pick.val_loss:.4f}"])
+        body.append([pick.form, *cells, lr, f"{pick.lr_mult:g}", f"{pick.val_loss:.3g}"])
     return markdown_table(header, body)
 
 
