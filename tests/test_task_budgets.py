@@ -179,3 +179,38 @@ def test_a_task_no_reference_learned_leaves_the_suite_s_aggregate(
         budgets_file, index=False
     )
     assert tasks_main([str(tmp_path), "--out", str(out), "--budgets", str(budgets_file)]) == 2
+
+
+NINE = {"nope", "t5", "alibi", "rope", "sinusoidal", "fire", "dape_alibi", "kerple", "randomized_sinusoidal"}
+
+
+def family_picks(family: str) -> dict[str, pd.Series] | None:
+    """A family's committed tuning picks (results/tasks/tuning_FAMILY/picks.csv) by form; None before it."""
+    path = ROOT / "results" / "tasks" / f"tuning_{family}" / "picks.csv"
+    return dict(iter(pd.read_csv(path).set_index("form").iterrows())) if path.is_file() else None
+
+
+def test_the_learned_grid_runs_each_kept_task_at_its_budget_and_each_family_at_its_interior_pick() -> None:
+    """Issue 58's grid (`+experiment=tasks_learned`): the nine encodings x seeds 0-2 on every task the pilot
+    kept whose family's rate is decided, each task at its pilot budget; a tuned family's rate is its pick
+    in results/tasks/tuning_FAMILY/picks.csv, never one at an edge; arithmetic, not tuned, runs at the
+    pilot's rate; randomized positions are scored at sampled positions, as they were tuned."""
+    jobs = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks_learned")]
+    budgets = pd.read_csv(ROOT / "results" / "tasks" / "pilot" / "budgets.csv").set_index("task")
+    kept = set(budgets.index[~budgets["left_out"] & budgets["budget"].notna()])
+    pilot_rate = typed_config(["+experiment=tasks_pilot", "task=copy"]).train.lr
+    tuned = {family: family_picks(family) for family in {TASKS[task].family for task in kept}}
+    decided = {t for t in kept if TASKS[t].family == "arithmetic" or tuned[TASKS[t].family] is not None}
+    assert {(j["encoding"], j["task"], j["seed"]) for j in jobs} == {
+        (e, t, str(s)) for e in NINE for t in decided for s in range(3)
+    }
+    assert len(jobs) == len(NINE) * len(decided) * 3 and {"copy", "parity"} <= decided
+    for job in jobs:
+        family = TASKS[job["task"]].family
+        assert int(job["train.steps"]) == int(budgets.loc[job["task"], "budget"]), job
+        if family == "arithmetic":
+            assert float(job["train.lr"]) == pilot_rate, job
+        else:
+            pick = tuned[family][job["encoding"]]  # type: ignore[index]
+            assert float(job["train.lr"]) == float(pick["lr"]) and not pick["edge"], job
+        assert (job.get("encoding.eval_positions") == "sampled") == job["encoding"].startswith("randomized_")
