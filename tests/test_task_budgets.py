@@ -192,15 +192,18 @@ def family_picks(family: str) -> dict[str, pd.Series] | None:
 
 def test_the_learned_grid_runs_each_kept_task_at_its_budget_and_each_family_at_its_interior_pick() -> None:
     """Issue 58's grid (`+experiment=tasks_learned`): the nine encodings x seeds 0-2 on every task the pilot
-    kept whose family's rate is decided, each task at its pilot budget; a tuned family's rate is its pick
-    in results/tasks/tuning_FAMILY/picks.csv, never one at an edge; arithmetic, not tuned, runs at the
-    pilot's rate; randomized positions are scored at sampled positions, as they were tuned."""
+    kept whose family's rate is decided (its tuning, results/tasks/tuning_FAMILY/picks.csv, has an interior
+    pick for each of the nine), each task at its pilot budget, at that pick; arithmetic, not tuned, runs at
+    the pilot's rate; randomized positions are scored at sampled positions, as they were tuned."""
     jobs = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks_learned")]
     budgets = pd.read_csv(ROOT / "results" / "tasks" / "pilot" / "budgets.csv").set_index("task")
     kept = set(budgets.index[~budgets["left_out"] & budgets["budget"].notna()])
     pilot_rate = typed_config(["+experiment=tasks_pilot", "task=copy"]).train.lr
     tuned = {family: family_picks(family) for family in {TASKS[task].family for task in kept}}
-    decided = {t for t in kept if TASKS[t].family == "arithmetic" or tuned[TASKS[t].family] is not None}
+    done = {
+        f for f, picks in tuned.items() if picks and all(e in picks and not picks[e]["edge"] for e in NINE)
+    }
+    decided = {t for t in kept if TASKS[t].family in done | {"arithmetic"}}
     assert {(j["encoding"], j["task"], j["seed"]) for j in jobs} == {
         (e, t, str(s)) for e in NINE for t in decided for s in range(3)
     }
@@ -214,3 +217,17 @@ def test_the_learned_grid_runs_each_kept_task_at_its_budget_and_each_family_at_i
             pick = tuned[family][job["encoding"]]  # type: ignore[index]
             assert float(job["train.lr"]) == float(pick["lr"]) and not pick["edge"], job
         assert (job.get("encoding.eval_positions") == "sampled") == job["encoding"].startswith("randomized_")
+
+
+def test_the_variants_run_at_their_own_picks_and_the_sequence_budgets() -> None:
+    """tasks_variants: RoPE at rotary_dim 8 and T5's bias in its own form, each on copy and reverse at the
+    pilot's budgets and at its own interior pick in results/tasks/tuning_sequence (tuned as its own form)."""
+    picks = family_picks("sequence")
+    assert picks is not None
+    budgets = pd.read_csv(ROOT / "results" / "tasks" / "pilot" / "budgets.csv").set_index("task")["budget"]
+    forms = {"rope": "rope, encoding.rotary_dim=8", "t5": "t5, encoding.init=hf, encoding.scale_logits=false"}
+    variants = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks_variants")]
+    for job in variants:
+        pick = picks[forms[job["encoding"]]]
+        assert float(job["train.lr"]) == float(pick["lr"]) and not pick["edge"], job
+        assert int(job["train.steps"]) == int(budgets[job["task"]]), job
