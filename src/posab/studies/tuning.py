@@ -44,13 +44,21 @@ LR, MULT, SCORE, TASK = "train.lr", "encoding.lr_mult", "val_loss", "data.task.n
 
 @dataclass(frozen=True)
 class Pick:
-    form: str  # the encoding and its options that differ between its runs: "rope, encoding.rotary_dim=8"
     encoding: str
-    options: str  # those options as overrides, "encoding.rotary_dim=8"; "" for the encoding as it is
+    options: str  # its form's options as overrides, "encoding.rotary_dim=8"; "" for the encoding as it is
     lr: float
     lr_mult: float
     val_loss: float
     edge: bool  # the picked lr is the smallest or largest of the grid searched (or its only rate)
+
+    @property
+    def form(self) -> str:
+        """The encoding and its form's options: "rope, encoding.rotary_dim=8", "rope"."""
+        return form_name(self.encoding, self.options)
+
+
+def form_name(encoding: str, options: str) -> str:
+    return ", ".join(part for part in (encoding, options) if part)
 
 
 def form_overrides(runs: Sequence[RunRecord]) -> dict[str, list[str]]:
@@ -73,16 +81,15 @@ def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
     forms = form_overrides(finished)
     lines = [
         {
-            "form": ", ".join([r.encoding, *overrides]),
+            "form": form_name(r.encoding, ", ".join(forms[r.name])),
             "encoding": r.encoding,
-            "options": ", ".join(overrides),
+            "options": ", ".join(forms[r.name]),
             "task": r.config.get(TASK),
             "lr": float(r.config[LR]),
             "lr_mult": float(r.config.get(MULT, 1.0)),
             "val_loss": r.metrics.get(SCORE, math.nan),
         }
         for r in finished
-        for overrides in [forms[r.name]]
     ]
     if not lines:
         raise ReportError(f"no finished runs with `{LR}` in their config")
@@ -116,7 +123,7 @@ def picks(frame: pd.DataFrame) -> list[Pick]:
         edge = lr in (grid[0], grid[-1])  # one rate alone is both edges: no search, never interior
         name, options = str(runs["encoding"].iloc[0]), str(runs["options"].iloc[0])
         lr_mult, val_loss = float(best["lr_mult"]), float(best["val_loss"])
-        chosen.append(Pick(str(form), name, options, lr, lr_mult, val_loss, edge))
+        chosen.append(Pick(name, options, lr, lr_mult, val_loss, edge))
     return chosen
 
 
@@ -236,7 +243,7 @@ def write_tuning(paths: Sequence[Path], out: Path, family: str | None = None) ->
     frame = points(family_runs(collect_runs(paths), family))
     chosen = picks(frame)
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([vars(p) for p in chosen]).to_csv(out / "picks.csv", index=False)
+    pd.DataFrame([{"form": p.form, **vars(p)} for p in chosen]).to_csv(out / "picks.csv", index=False)
     figure = plot_tuning(frame, chosen, out / "tuning.png")
     lines = [
         "# Tuning: each encoding's learning rate and encoding lr_mult",
