@@ -37,7 +37,7 @@ def test_picks_take_the_best_lr_then_the_best_lr_mult_at_it() -> None:
     chosen = {p.form: p for p in picks(points(sweep()))}
     assert (chosen["alibi"].lr, chosen["alibi"].lr_mult, chosen["alibi"].edge) == (3e-3, 1.0, False)
     assert (chosen["multiscale"].lr, chosen["multiscale"].lr_mult) == (6e-3, 10.0)
-    assert chosen["multiscale"].val_loss == 1.60 and chosen["multiscale"].edge
+    assert chosen["multiscale"].score == 1.60 and chosen["multiscale"].edge
     assert (chosen["t5"].lr, chosen["t5"].lr_mult, chosen["t5"].edge) == (1e-3, 1.0, True)
     assert grid_lines([chosen["multiscale"]]) == [
         "- seed: 0,1,2",
@@ -129,9 +129,9 @@ def test_a_task_suite_picks_on_the_mean_over_the_tasks_an_encoding_was_tuned_on(
     ]
     frame = points(runs)
     chosen = {p.encoding: p for p in picks(frame)}
-    assert chosen["rope"].lr == 3e-3 and chosen["rope"].val_loss == pytest.approx(0.35)
-    assert chosen["nope"].lr == 1e-3 and chosen["nope"].val_loss == pytest.approx(0.60)
-    assert chosen["hierarchical"].lr == 3e-3 and chosen["hierarchical"].val_loss == pytest.approx(0.2)
+    assert chosen["rope"].lr == 3e-3 and chosen["rope"].score == pytest.approx(0.35)
+    assert chosen["nope"].lr == 1e-3 and chosen["nope"].score == pytest.approx(0.60)
+    assert chosen["hierarchical"].lr == 3e-3 and chosen["hierarchical"].score == pytest.approx(0.2)
     assert len(frame) == 9 and "task" not in frame.columns  # one line per (encoding, lr, lr_mult)
 
 
@@ -156,6 +156,35 @@ def preset_jobs_dicts(name: str) -> list[dict[str, str]]:
     from conftest import preset_jobs
 
     return [dict(o.split("=", 1) for o in job) for job in preset_jobs(name)]
+
+
+def test_the_state_family_is_picked_on_its_whole_validation_curve(tmp_path: Path) -> None:
+    """Flip-flop is learned at every rate, so the state family picks on the geometric mean of the logged
+    validation losses, not the last one: 1e-3 ends lowest (1e-9) but learns late (curve 1, 1, 1e-9: geometric
+    mean 1e-3); 2e-3 learns at once and stays learned (1e-2, 1e-4, 1e-8: 1e-4.67), so it wins; 4e-3 spikes
+    (1e-4, 1, 1e-6: 1e-3.33). A logged 0 counts as 1e-12. Copy (sequence) still picks on the final loss."""
+    curves = {1e-3: [1, 1, 1e-9], 2e-3: [1e-2, 1e-4, 1e-8], 4e-3: [1e-4, 1, 1e-6], 8e-3: [1, 1, 0.0]}
+    runs = []
+    for task in ("flipflop", "copy"):
+        for lr, curve in curves.items():
+            config = {"train.lr": str(lr), "data.task.name": task}
+            logged = [(step, float(loss)) for step, loss in zip((250, 500, 750), curve, strict=True)]
+            metrics = {"val_loss": float(curve[-1])}
+            runs.append(finished_run(f"{task}-{lr}", "nope", 0, "tune", config, metrics, val_curve=logged))
+    write_csv(runs, tmp_path / "runs.csv")
+    for family in ("state", "sequence"):
+        assert main([str(tmp_path), "--out", str(tmp_path / family), "--family", family]) == 0
+    state, sequence = (pd.read_csv(tmp_path / f / "picks.csv").iloc[0] for f in ("state", "sequence"))
+    assert state["lr"] == 2e-3 and state["score"] == pytest.approx(10 ** (-14 / 3)) and not state["edge"]
+    assert sequence["lr"] == 8e-3 and sequence["score"] == 0.0 and sequence["criterion"] == "final"
+    table = (tmp_path / "state" / "tuning.md").read_text()
+    assert state["criterion"] == "curve" and "Score: the geometric mean" in table
+    assert "| nope | 0.001 | 2.15e-05 | 0.000464 | 0.0001 | 0.002 |" in table  # 8e-3: (1 * 1 * 1e-12) ** 1/3
+
+
+def test_a_curve_criterion_needs_the_curve() -> None:
+    with pytest.raises(ReportError, match="nope-x: no validation curve"):
+        points([finished_run("nope-x", "nope", 0, "tune", {"train.lr": "0.001"}, {"val_loss": 1.0})], "curve")
 
 
 def test_the_family_tuning_grid_reaches_past_the_old_edge_at_each_task_s_pilot_budget() -> None:

@@ -5,18 +5,19 @@ with parameters, the multiplier of its own group's learning rate, picked on the 
 
 Reads the runs as `scripts/report.py` does. Each finished run is one point (form, `train.lr`,
 `encoding.lr_mult`) scored by its final validation loss (`val_loss`: `train.val_windows` fixed windows of the
-valid split, the same for every run). A task suite's runs (`data.task.name`) make one point per (form, lr,
-lr_mult): the mean of the losses (on answer tokens of the valid split's fixed examples) over the tasks the
-encoding was tuned on. A form is the encoding and those of its options (`encoding.*`, lr_mult aside) that
-differ between its runs and from its yaml's default: RoPE at `encoding.rotary_dim=8` is tuned apart from RoPE
-(issue 58's variants), which keeps its name. Per form: the lr with the lowest loss among the runs at lr_mult
-1, then the lr_mult with the lowest loss among the runs at that lr. A pick at the edge of the grid searched is
-flagged, with the rate one log-spaced step past it that extends the grid (issue 58): the best rate may lie
-beyond it; a pick from one rate alone is flagged too (it searched nothing). `--family NAME` picks on one task
-family's runs alone (`Task.family`: sequence, arithmetic, recall, state), so that each family is tuned on its
-own tasks (issue 58). Writes tuning.md (every point, the picks), picks.csv and tuning.png (loss against lr per
-encoding); the picks are printed as the Hydra grid lines of a study that runs each encoding at them.
-"""
+valid split, the same for every run), or, for a task family that every rate learns (`FAMILY_CRITERIA`), by the
+geometric mean of the validation losses logged over the run (`val/loss` in metrics.jsonl). A task suite's runs
+(`data.task.name`) make one point per (form, lr, lr_mult): the mean of the scores (losses on answer tokens of
+the valid split's fixed examples) over the tasks the encoding was tuned on. A form is the encoding and those
+of its options (`encoding.*`, lr_mult aside) that differ between its runs and from its yaml's default: RoPE at
+`encoding.rotary_dim=8` is tuned apart from RoPE (issue 58's variants), which keeps its name. Per form: the lr
+with the lowest score among the runs at lr_mult 1, then the lr_mult with the lowest score among the runs at
+that lr. A pick at the edge of the grid searched is flagged, with the rate one log-spaced step past it that
+extends the grid (issue 58): the best rate may lie beyond it; a pick from one rate alone is flagged too (it
+searched nothing). `--family NAME` picks on one task family's runs alone (`Task.family`: sequence, arithmetic,
+recall, state), so that each family is tuned on its own tasks (issue 58). Writes tuning.md (every point, the
+picks), picks.csv and tuning.png (loss against lr per encoding); the picks are printed as the Hydra grid lines
+of a study that runs each encoding at them."""
 
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ from posab.report.rundirs import encoding_defaults
 from posab.report.styles import encoding_colours, legend_right
 
 LR, MULT, SCORE, TASK = "train.lr", "encoding.lr_mult", "val_loss", "data.task.name"
+FINAL, CURVE = "final", "curve"  # a run's score: its final val_loss, or the geometric mean of its val/loss
+CRITERIA = {FINAL: "final validation loss", CURVE: "geometric mean of the validation losses over the run"}
+# Issue 58's state family (flip-flop, 4,000 steps) is learned at every rate: NoPE ends at 6.0e-8 nats at
+# 2.5e-4 and 2.1e-9 at 5e-4 (results/tasks/tuning_state, part 1), where one seed orders rates by float32
+# noise. So it is picked on the whole validation curve (every 250 steps), which still separates a rate that
+# learns fast and stays learned from one that gets there late or spikes; stated before its remaining 43 runs.
+FAMILY_CRITERIA = {"state": CURVE}
+LOSS_FLOOR = 1e-12  # nats: a logged loss of exactly 0 (float32 rounding of -log p at p ~ 1) counts as this
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,8 @@ class Pick:
     options: str  # its form's options as overrides, "encoding.rotary_dim=8"; "" for the encoding as it is
     lr: float
     lr_mult: float
-    val_loss: float
+    score: float  # the loss it was picked on (`criterion`), the mean over its tasks
+    criterion: str  # FINAL or CURVE
     edge: bool  # the picked lr is the smallest or largest of the grid searched (or its only rate)
 
     @property
@@ -74,9 +84,19 @@ def form_overrides(runs: Sequence[RunRecord]) -> dict[str, list[str]]:
     return forms
 
 
-def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
-    """One line per point (form, lr, lr_mult (1 when the run has none)): its val_loss, the mean over the
-    tasks (`data.task.name`) the form was tuned on when the runs are a task suite's (`over_tasks`)."""
+def run_score(run: RunRecord, criterion: str) -> float:
+    """The run's final val_loss (NaN without one), or the geometric mean of its logged validation curve."""
+    if criterion == FINAL:
+        return run.metrics.get(SCORE, math.nan)
+    if not run.val_curve:
+        raise ReportError(f"{run.name}: no validation curve (metrics.jsonl `val/loss`) for {CRITERIA[CURVE]}")
+    logs = [math.log(max(loss, LOSS_FLOOR)) for _, loss in run.val_curve]
+    return math.exp(sum(logs) / len(logs))
+
+
+def points(runs: Sequence[RunRecord], criterion: str = FINAL) -> pd.DataFrame:
+    """One line per point (form, lr, lr_mult (1 when the run has none)): its score (`run_score`), its mean
+    over the tasks (`data.task.name`) the form was tuned on, for a task suite's runs (`over_tasks`)."""
     finished = [r for r in runs if r.finished and LR in r.config]
     forms = form_overrides(finished)
     lines = [
@@ -87,7 +107,7 @@ def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
             "task": r.config.get(TASK),
             "lr": float(r.config[LR]),
             "lr_mult": float(r.config.get(MULT, 1.0)),
-            "val_loss": r.metrics.get(SCORE, math.nan),
+            "score": run_score(r, criterion),
         }
         for r in finished
     ]
@@ -97,51 +117,51 @@ def points(runs: Sequence[RunRecord]) -> pd.DataFrame:
 
 
 def over_tasks(frame: pd.DataFrame) -> pd.DataFrame:
-    """Each (form, lr, lr_mult) once, its val_loss the mean over the form's tasks (NaN, so never picked,
+    """Each (form, lr, lr_mult) once, its score the mean over the form's tasks (NaN, so never picked,
     where a task's run is missing); the frame as it is when no run is a task's."""
     if frame["task"].isna().all():
         return frame.drop(columns="task")
     tasks = frame.groupby("form")["task"].transform("nunique")
     frame = frame.assign(tasks=tasks)
     grouped = frame.groupby(["form", "encoding", "options", "lr", "lr_mult"], sort=False)
-    merged = grouped.agg(val_loss=("val_loss", "mean"), found=("task", "nunique"), tasks=("tasks", "first"))
-    merged.loc[merged["found"] < merged["tasks"], "val_loss"] = math.nan
+    merged = grouped.agg(score=("score", "mean"), found=("task", "nunique"), tasks=("tasks", "first"))
+    merged.loc[merged["found"] < merged["tasks"], "score"] = math.nan
     return merged.reset_index().drop(columns=["found", "tasks"])
 
 
-def picks(frame: pd.DataFrame) -> list[Pick]:
-    """Each form's best lr at lr_mult 1, then its best lr_mult at that lr (lowest val_loss)."""
+def picks(frame: pd.DataFrame, criterion: str = FINAL) -> list[Pick]:
+    """Each form's best lr at lr_mult 1, then its best lr_mult at that lr (lowest score)."""
     chosen = []
     for form, runs in frame.groupby("form", sort=False):
-        base = runs[runs["lr_mult"] == 1.0].dropna(subset=["val_loss"])
+        base = runs[runs["lr_mult"] == 1.0].dropna(subset=["score"])
         if base.empty:
-            raise ReportError(f"{form}: no finished run at encoding.lr_mult=1 with a val_loss")
-        lr = float(base.loc[base["val_loss"].idxmin(), "lr"])
-        at_lr = runs[runs["lr"] == lr].dropna(subset=["val_loss"])
-        best = at_lr.loc[at_lr["val_loss"].idxmin()]
+            raise ReportError(f"{form}: no finished run at encoding.lr_mult=1 with a score")
+        lr = float(base.loc[base["score"].idxmin(), "lr"])
+        at_lr = runs[runs["lr"] == lr].dropna(subset=["score"])
+        best = at_lr.loc[at_lr["score"].idxmin()]
         grid = sorted(base["lr"].unique())
         edge = lr in (grid[0], grid[-1])  # one rate alone is both edges: no search, never interior
         name, options = str(runs["encoding"].iloc[0]), str(runs["options"].iloc[0])
-        lr_mult, val_loss = float(best["lr_mult"]), float(best["val_loss"])
-        chosen.append(Pick(name, options, lr, lr_mult, val_loss, edge))
+        lr_mult, score = float(best["lr_mult"]), float(best["score"])
+        chosen.append(Pick(name, options, lr, lr_mult, score, criterion, edge))
     return chosen
 
 
 def tuning_lines(frame: pd.DataFrame, chosen: Sequence[Pick]) -> list[str]:
-    """The Markdown table: each form's loss (3 significant digits: copy's reach 1e-7) at every (lr,
+    """The Markdown table: each form's score (3 significant digits: copy's losses reach 1e-7) at every (lr,
     lr_mult) searched, its picks."""
     columns = sorted({(lr, mult) for lr, mult in zip(frame["lr"], frame["lr_mult"], strict=True)})
     header = ["form", *(f"lr {lr:g}" + (f" × {mult:g}" if mult != 1 else "") for lr, mult in columns)]
-    header += ["picked lr", "picked lr_mult", "val_loss"]
+    header += ["picked lr", "picked lr_mult", "score"]
     body = []
     for pick in chosen:
         runs = frame[frame["form"] == pick.form]
         cells = []
         for lr, mult in columns:
-            hit = runs[(runs["lr"] == lr) & (runs["lr_mult"] == mult)]["val_loss"]
+            hit = runs[(runs["lr"] == lr) & (runs["lr_mult"] == mult)]["score"]
             cells.append(f"{hit.min():.3g}" if len(hit) else "—")
         lr = f"{pick.lr:g}" + (" (edge)" if pick.edge else "")
-        body.append([pick.form, *cells, lr, f"{pick.lr_mult:g}", f"{pick.val_loss:.3g}"])
+        body.append([pick.form, *cells, lr, f"{pick.lr_mult:g}", f"{pick.score:.3g}"])
     return markdown_table(header, body)
 
 
@@ -187,8 +207,8 @@ def remedy(rates: Sequence[float]) -> str:
     return f"add {', '.join(f'{r:g}' for r in rates)}" if rates else "one rate searched, so no grid to extend"
 
 
-def tuning_figure(frame: pd.DataFrame, chosen: Sequence[Pick]) -> Figure:
-    """Final validation loss against lr (log scale), a line per form at lr_mult 1; runs at another lr_mult
+def tuning_figure(frame: pd.DataFrame, chosen: Sequence[Pick], criterion: str = FINAL) -> Figure:
+    """The score (`criterion`) against lr (log scale), a line per form at lr_mult 1; runs at another lr_mult
     as open squares; each form's pick circled."""
     colours = encoding_colours(frame["form"])
     fig = new_figure(10.0, 4.5, layout="constrained")
@@ -197,12 +217,12 @@ def tuning_figure(frame: pd.DataFrame, chosen: Sequence[Pick]) -> Figure:
         runs = frame[frame["form"] == pick.form].sort_values("lr")
         base = runs[runs["lr_mult"] == 1.0]
         colour = colours[pick.form]
-        ax.plot(base["lr"], base["val_loss"], color=colour, marker="o", markersize=4, label=pick.form)
+        ax.plot(base["lr"], base["score"], color=colour, marker="o", markersize=4, label=pick.form)
         other = runs[runs["lr_mult"] != 1.0]
-        ax.plot(other["lr"], other["val_loss"], color=colour, marker="s", fillstyle="none", linestyle="none")
+        ax.plot(other["lr"], other["score"], color=colour, marker="s", fillstyle="none", linestyle="none")
         ax.plot(
             [pick.lr],
-            [pick.val_loss],
+            [pick.score],
             color=colour,
             marker="o",
             markersize=11,
@@ -217,15 +237,15 @@ def tuning_figure(frame: pd.DataFrame, chosen: Sequence[Pick]) -> Figure:
     ax.set_xticks(rates, [f"{lr:g}" for lr in rates])
     ax.minorticks_off()
     ax.set_xlabel("train.lr")
-    ax.set_ylabel(f"final {SCORE} (nats/token)")
-    ax.set_title("Equal tuning: final validation loss against learning rate")
+    ax.set_ylabel(f"{CRITERIA[criterion]} (nats/token)")
+    ax.set_title(f"Equal tuning: {CRITERIA[criterion]} against learning rate")
     legend_right(ax)
     return fig
 
 
-def plot_tuning(frame: pd.DataFrame, chosen: Sequence[Pick], path: Path) -> Path:
+def plot_tuning(frame: pd.DataFrame, chosen: Sequence[Pick], path: Path, criterion: str = FINAL) -> Path:
     """`tuning_figure` as a PNG at `path`."""
-    return save_figure(tuning_figure(frame, chosen), path)
+    return save_figure(tuning_figure(frame, chosen, criterion), path)
 
 
 def family_runs(runs: Sequence[RunRecord], family: str | None) -> list[RunRecord]:
@@ -240,21 +260,24 @@ def family_runs(runs: Sequence[RunRecord], family: str | None) -> list[RunRecord
 
 
 def write_tuning(paths: Sequence[Path], out: Path, family: str | None = None) -> tuple[Path, list[Pick]]:
-    frame = points(family_runs(collect_runs(paths), family))
-    chosen = picks(frame)
+    criterion = FAMILY_CRITERIA.get(family or "", FINAL)
+    frame = points(family_runs(collect_runs(paths), family), criterion)
+    chosen = picks(frame, criterion)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame([{"form": p.form, **vars(p)} for p in chosen]).to_csv(out / "picks.csv", index=False)
-    figure = plot_tuning(frame, chosen, out / "tuning.png")
+    figure = plot_tuning(frame, chosen, out / "tuning.png", criterion)
     lines = [
         "# Tuning: each encoding's learning rate and encoding lr_mult",
         "",
         (__doc__ or "").split("\n\n")[2].strip(),
         "",
+        f"Score: the {CRITERIA[criterion]}" + (f" (`--family {family}`)." if family else "."),
+        "",
         *tuning_lines(frame, chosen),
         "",
         *extension_lines(frame, chosen),
         "",
-        f"![final validation loss against learning rate]({figure.name})",
+        f"![{CRITERIA[criterion]} against learning rate]({figure.name})",
         "",
         "The picks as the grids of a study (seeds 0, 1, 2):",
         "",
