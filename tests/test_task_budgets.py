@@ -128,6 +128,12 @@ def test_the_ladder_runs_the_nope_study_s_five_at_three_sizes_and_the_variants_t
         typed_config(["+experiment=tasks_ladder", f"model={m}"]).model for m in ("ladder_3m", "ladder_10m")
     ]
     assert [(m.d_model // m.n_heads, m.n_layers) for m in sizes] == [(32, 6), (32, 8)]
+    rate = typed_config(["+experiment=tasks_ladder"]).train.lr  # the protocol's, halved at 10M by its rule
+    assert {j["model"]: float(j.get("train.lr", rate)) for j in jobs} == {
+        "small": rate,
+        "ladder_3m": rate,
+        "ladder_10m": rate / 2,
+    }
     variants = [dict(o.split("=", 1) for o in job) for job in preset_jobs("tasks_variants")]
     assert {(j["encoding"], j.get("encoding.rotary_dim"), j.get("encoding.init")) for j in variants} == {
         ("rope", "8", None),
