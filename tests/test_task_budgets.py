@@ -158,7 +158,8 @@ def test_a_task_no_reference_learned_leaves_the_suite_s_aggregate(
 ) -> None:
     """`posab tasks --budgets`: parity, not learned in the pilot, is left out of the MRR and of the claims
     with its reason: the claim on the mean covers copy's 3 pairs (6 with parity), and a claim on parity is
-    refused with the reason; a budgets file without one of the suite's tasks is an error."""
+    refused with the reason; a budgets file without one of the suite's tasks is an error. A claim on the
+    mean waits for every task the pilot keeps: with sort kept and not yet run, it is refused."""
     from test_report_tasks import suite_on_disk
 
     from posab.studies.tasks import main as tasks_main
@@ -178,6 +179,12 @@ def test_a_task_no_reference_learned_leaves_the_suite_s_aggregate(
     assert "Left out of the aggregate and the claims: parity: learned by no reference within 8,000" in text
     assert "| nope | 1.000 | 0.687 |" in text  # copy alone: NoPE first at every seed
     assert "| nope > rope | mean | +0.200 | +0.100 / +0.200 / +0.300 | 3 |" in text  # copy's pairs alone
+    with_sort = pd.concat([pd.read_csv(budgets_file), pd.DataFrame([{"task": "sort", "budget": 8000}])])
+    with_sort.assign(left_out=with_sort["left_out"].fillna(False)).to_csv(budgets_file, index=False)
+    assert tasks_main(command) == 2  # the pilot keeps sort too, and no part has run it: the mean waits
+    assert (
+        "covers the suite's kept tasks (copy, sort); no runs of both on sort yet" in capsys.readouterr().err
+    )
     pd.DataFrame([{**pd.read_csv(claims).iloc[0].to_dict(), "task": "parity"}]).to_csv(claims, index=False)
     assert tasks_main(command) == 2
     assert "task 'parity' is left out of the suite (learned by no reference" in capsys.readouterr().err

@@ -12,7 +12,8 @@ mean over seeds per encoding, the training lengths shaded), tasks_heatmap.png an
 ...` rewrites the block between TASK_BEGIN and TASK_END in each file (results/README.md, the suite's
 README) with the claims' tables, so that no sentence there gives an ordering another verdict than its test.
 With `--budgets`, a task that no reference of the pilot learned within its cap leaves the MRR and the claims
-(a `mean` covers the other tasks; a claim on it is refused), and the report names it with its reason.
+(a `mean` covers the other tasks; a claim on it is refused), and the report names it with its reason; a
+`mean` claim is refused until the runs hold every task the pilot keeps (a grid folded part by part).
 
 - Accuracy: `task/exact_unseen`, the mean over the test lengths past `data.task.train_lengths` of exact
   match (`posab.evaluate.task`), per run; a cell is the mean over seeds, then each seed's value.
@@ -313,12 +314,27 @@ def bootstrap(differences: dict[str, np.ndarray]) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def claim_verdicts(found: Sequence[TaskRun], claims: Sequence[TaskClaim]) -> pd.DataFrame:
+def check_coverage(found: Sequence[TaskRun], claim: TaskClaim, suite: Sequence[str]) -> None:
+    """A `mean` claim is over the suite's kept tasks (`suite`: the pilot's, with `--budgets`); a grid that
+    has not yet run one of them for both encodings (a part landed, not the whole) cannot test it."""
+    missing = sorted(set(suite) - set(covered_tasks(found, claim)))
+    if claim.task == MEAN and missing:
+        raise ReportError(
+            f"claim {claim.row} vs {claim.reference} on mean: it covers the suite's kept tasks "
+            f"({', '.join(sorted(suite))}); no runs of both on {', '.join(missing)} yet: fold the parts "
+            "without --claims until the grid has them"
+        )
+
+
+def claim_verdicts(
+    found: Sequence[TaskRun], claims: Sequence[TaskClaim], suite: Sequence[str] = ()
+) -> pd.DataFrame:
     """Each claim's difference, per-seed differences, its (task, seed) pairs (those where both runs fit,
     for a claim that states `fit`; `pairs_lost` the others), one-sided p over them, Holm within its
-    family, interval and verdict."""
+    family, interval and verdict. A `mean` claim needs runs on every task of `suite` (`check_coverage`)."""
     lines = []
     for claim in claims:
+        check_coverage(found, claim, suite)
         differences, kept = paired_lengths(found, claim), fitting_seeds(found, claim)
         lines.append(claim_line(claim, differences, kept))
     frame = pd.DataFrame(lines)
@@ -497,11 +513,13 @@ def tested_claims(
     claims_path: Path,
     readings: Sequence[Path],
     left_out: Mapping[str, str],
+    suite: Sequence[str] = (),
 ) -> tuple[pd.DataFrame, dict[Path, str]]:
     """The claims' verdicts, and each reading's text with its claims block rewritten (not yet written). The
-    tasks `left_out` (task -> why) leave the claims as they leave the MRR: a `mean` covers the others."""
+    tasks `left_out` (task -> why) leave the claims as they leave the MRR: a `mean` covers the others, and
+    needs every task of `suite` (the pilot's kept tasks)."""
     kept = [r for r in found if r.task not in left_out]
-    verdicts = claim_verdicts(kept, read_task_claims(claims_path, tasks, left_out))
+    verdicts = claim_verdicts(kept, read_task_claims(claims_path, tasks, left_out), suite)
     block = claims_block(verdicts)
     texts = {
         p: replace_block(p.read_text(encoding="utf-8"), block, str(p), TASK_BEGIN, TASK_END) for p in readings
@@ -552,6 +570,12 @@ def unlearned_tasks(path: Path, tasks: Sequence[str]) -> dict[str, str]:
     }
 
 
+def kept_tasks(path: Path) -> list[str]:
+    """The tasks a budgets file keeps in the suite (given a budget, not left out): a `mean` claim's tasks."""
+    table = pd.read_csv(path)
+    return sorted(table.loc[~table["left_out"].astype(bool) & table["budget"].notna(), "task"])
+
+
 def write_tasks_report(
     paths: Sequence[Path],
     out: Path,
@@ -568,8 +592,9 @@ def write_tasks_report(
     frame = frame_of(found)
     tasks = sorted(frame["task"].unique())
     left_out = unlearned_tasks(budgets_path, tasks) if budgets_path else {}
+    suite = kept_tasks(budgets_path) if budgets_path else []
     verdicts, texts = (
-        tested_claims(found, tasks, claims_path, readings, left_out) if claims_path else (None, {})
+        tested_claims(found, tasks, claims_path, readings, left_out, suite) if claims_path else (None, {})
     )
     mrr_text, mrr_table = mrr_lines(frame[~frame["task"].isin(left_out)])
     if left_out:
