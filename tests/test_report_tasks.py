@@ -292,6 +292,36 @@ def test_the_committed_task_verdicts_recompute_from_the_claims_file_and_the_runs
         assert recomputed[column].to_numpy() == pytest.approx(committed[column].to_numpy(), rel=1e-9)
 
 
+LEARNED = SUITE / "learned"  # issue 58's grid, in parts (partN/: runs.csv and configs)
+NAMES = {
+    "NoPE": "nope", "T5's bias": "t5", "ALiBi": "alibi", "RoPE": "rope", "sinusoidal": "sinusoidal",
+    "FIRE": "fire", "DAPE on ALiBi": "dape_alibi", "KERPLE": "kerple",
+    "randomized sinusoidal": "randomized_sinusoidal",
+}  # fmt: skip
+
+
+def test_the_learned_grid_s_tables_recompute_from_its_parts_and_its_reading_quotes_them() -> None:
+    """results/tasks/learned: tasks.csv and mrr.csv are what the parts' runs.csv give, and each row of a
+    part's table in its README (seen and unseen exact match, mean ± sample std, and the seeds that fit at
+    0.9) is what tasks.csv gives."""
+    frame = frame_of(task_runs(collect_runs(sorted(LEARNED.glob("part*")))))
+    pd.testing.assert_frame_equal(frame, pd.read_csv(LEARNED / "tasks.csv"), check_dtype=False, rtol=1e-12)
+    _, table = mrr_lines(frame)
+    committed = pd.read_csv(LEARNED / "mrr.csv", index_col="encoding")
+    pd.testing.assert_frame_equal(table, committed, check_names=False, rtol=1e-12)
+    rows = [
+        line for line in (LEARNED / "README.md").read_text().splitlines() if line.split(" | ")[0][2:] in NAMES
+    ]
+    assert len(rows) == len(NAMES) * len(sorted(LEARNED.glob("part*")))
+    for line in rows:
+        name, *cells = line.strip("| ").split(" | ")
+        for task, (seen, unseen, fit) in zip(("copy", "reverse"), (cells[:3], cells[3:]), strict=True):
+            runs = frame[(frame["encoding"] == NAMES[name]) & (frame["task"] == task)]
+            for text, column in ((seen, "exact_seen"), (unseen, "exact_unseen")):
+                assert text == f"{runs[column].mean():.3f} ± {runs[column].std():.3f}", (name, task, column)
+            assert fit == f"{int((runs['exact_seen'] >= 0.9).sum())}/{len(runs)}", (name, task)
+
+
 @pytest.mark.parametrize(
     "reading", [ROOT / "results" / "README.md", SUITE / "README.md"], ids=["results", "tasks"]
 )
