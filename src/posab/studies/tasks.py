@@ -555,9 +555,9 @@ def report_lines(frame: pd.DataFrame, mrr_text: Sequence[str], figure: str) -> l
     ]
 
 
-def unlearned_tasks(path: Path, tasks: Sequence[str]) -> dict[str, str]:
-    """The tasks a budgets file (`posab task-budgets`'s budgets.csv) leaves out (no reference learned them
-    within the cap), each with its reason; a task of the suite it does not list is an error naming it."""
+def read_budgets(path: Path, tasks: Sequence[str]) -> pd.DataFrame:
+    """A budgets file (`posab task-budgets`'s budgets.csv), checked to list every task of the suite; a task
+    it does not list, or a file it cannot read, is an error naming it."""
     try:
         table = pd.read_csv(path)
     except (OSError, ValueError) as err:
@@ -565,17 +565,22 @@ def unlearned_tasks(path: Path, tasks: Sequence[str]) -> dict[str, str]:
     missing = sorted(set(tasks) - set(table["task"]))
     if missing:
         raise ReportError(f"budgets file {path}: no budget for task(s) {missing}; run the pilot on them")
+    return table
+
+
+def unlearned_tasks(budgets: pd.DataFrame, tasks: Sequence[str]) -> dict[str, str]:
+    """The tasks of `tasks` the budgets leave out (no reference learned them within the cap), each with its
+    reason."""
     return {
         line["task"]: f"learned by no reference within {int(line['cap']):,} steps (the pilot's rule)"
-        for _, line in table.iterrows()
+        for _, line in budgets.iterrows()
         if line["task"] in tasks and bool(line["left_out"])
     }
 
 
-def kept_tasks(path: Path) -> list[str]:
-    """The tasks a budgets file keeps in the suite (given a budget, not left out): a `mean` claim's tasks."""
-    table = pd.read_csv(path)
-    return sorted(table.loc[~table["left_out"].astype(bool) & table["budget"].notna(), "task"])
+def kept_tasks(budgets: pd.DataFrame) -> list[str]:
+    """The tasks the budgets keep in the suite (given a budget, not left out): a `mean` claim's tasks."""
+    return sorted(budgets.loc[~budgets["left_out"].astype(bool) & budgets["budget"].notna(), "task"])
 
 
 def write_tasks_report(
@@ -593,8 +598,9 @@ def write_tasks_report(
     found = task_runs(runs)
     frame = frame_of(found)
     tasks = sorted(frame["task"].unique())
-    left_out = unlearned_tasks(budgets_path, tasks) if budgets_path else {}
-    suite = kept_tasks(budgets_path) if budgets_path else []
+    budgets = read_budgets(budgets_path, tasks) if budgets_path else None
+    left_out = unlearned_tasks(budgets, tasks) if budgets is not None else {}
+    suite = kept_tasks(budgets) if budgets is not None else []
     verdicts, texts = (
         tested_claims(found, tasks, claims_path, readings, left_out, suite) if claims_path else (None, {})
     )
