@@ -598,9 +598,10 @@ def write_tasks_report(
     found = task_runs(runs)
     frame = frame_of(found)
     tasks = sorted(frame["task"].unique())
-    budgets = read_budgets(budgets_path, tasks) if budgets_path else None
-    left_out = unlearned_tasks(budgets, tasks) if budgets is not None else {}
-    suite = kept_tasks(budgets) if budgets is not None else []
+    left_out, suite = {}, []
+    if budgets_path:
+        budgets = read_budgets(budgets_path, tasks)
+        left_out, suite = unlearned_tasks(budgets, tasks), kept_tasks(budgets)
     verdicts, texts = (
         tested_claims(found, tasks, claims_path, readings, left_out, suite) if claims_path else (None, {})
     )
