@@ -9,6 +9,7 @@ import pytest
 
 from conftest import preset_jobs
 from posab.bench import ladder
+from posab.report.budgets import decided_budgets, read_budgets
 
 
 def test_the_quick_ladder_times_every_encoding_s_step_and_projects_its_hours(tmp_path: Path) -> None:
@@ -45,7 +46,16 @@ def test_the_projection_takes_a_piloted_budget_and_bounds_an_unpiloted_size_by_t
 def test_budgets_are_read_where_decided(tmp_path: Path) -> None:
     path = tmp_path / "budgets.csv"
     path.write_text("task,budget,learned\ncopy,2000.0,True\nmqar,,False\n")
-    assert ladder.read_budgets(path) == {"copy": 2000}
+    assert decided_budgets(read_budgets(path)) == {"copy": 2000}
+
+
+def test_a_bad_budgets_file_stops_the_benchmark_before_it_times_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere.csv"
+    assert ladder.main(["--quick", "--no-progress", "--out", str(tmp_path), "--budgets", str(missing)]) == 2
+    assert f"budgets file {missing}: unreadable" in capsys.readouterr().err
+    assert not (tmp_path / "ladder.csv").exists()
 
 
 def test_the_benchmark_sizes_the_presets_ladder_and_pilot() -> None:

@@ -25,8 +25,8 @@ wall time of runs that share the cores with other work, or a budget a size has n
 from __future__ import annotations
 
 import argparse
-import csv
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +46,8 @@ from posab.data.tasks import TaskTokenizer
 from posab.encodings import encoding_optimizer
 from posab.evaluate import EvalContext, run_evaluator
 from posab.logging import NullLogger
+from posab.report.budgets import decided_budgets, read_budgets
+from posab.report.records import ReportError
 from posab.run.wiring import train_sampler
 from posab.training.trainer import Trainer
 
@@ -137,14 +139,6 @@ def step_rows(plan: Plan, size: str, task: str) -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-def read_budgets(path: Path | None) -> dict[str, int]:
-    """task -> budget (steps) from `posab task-budgets`'s budgets.csv: the tasks whose budget is decided."""
-    if path is None:
-        return {}
-    with path.open(newline="", encoding="utf-8") as f:
-        return {row["task"]: int(float(row["budget"])) for row in csv.DictReader(f) if row["budget"]}
 
 
 def projection(
@@ -258,6 +252,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    try:  # before the minutes of timing: a bad budgets file loses nothing
+        budgets = decided_budgets(read_budgets(args.budgets)) if args.budgets else {}
+    except ReportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     quick: dict[str, Any] = QUICK if args.quick else {}
     plan = Plan(
@@ -270,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     busy = busy_share()
     rows, evaluation = measure(plan, Progress(args.progress))
-    projected = projection(rows, evaluation, read_budgets(args.budgets), args.cap, args.seeds)
+    projected = projection(rows, evaluation, budgets, args.cap, args.seeds)
     out = args.out or (QUICK_OUT_LADDER if args.quick else FULL_OUT_LADDER)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "ladder.csv", rows)

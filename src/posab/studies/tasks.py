@@ -56,6 +56,7 @@ from matplotlib.figure import Figure
 from posab.io import write_text
 from posab.keys import key_lengths, metric_key
 from posab.plots import new_figure, save_figure
+from posab.report.budgets import kept_tasks, read_budgets, unlearned_tasks
 from posab.report.cli import collect_runs
 from posab.report.markdown import markdown_table
 from posab.report.records import ReportError, RunRecord
@@ -553,34 +554,6 @@ def report_lines(frame: pd.DataFrame, mrr_text: Sequence[str], figure: str) -> l
         f"![exact match against instance length]({figure})",
         "",
     ]
-
-
-def read_budgets(path: Path, tasks: Sequence[str]) -> pd.DataFrame:
-    """A budgets file (`posab task-budgets`'s budgets.csv), checked to list every task of the suite; a task
-    it does not list, or a file it cannot read, is an error naming it."""
-    try:
-        table = pd.read_csv(path)
-    except (OSError, ValueError) as err:
-        raise ReportError(f"budgets file {path}: unreadable ({err}); `posab task-budgets` writes it") from err
-    missing = sorted(set(tasks) - set(table["task"]))
-    if missing:
-        raise ReportError(f"budgets file {path}: no budget for task(s) {missing}; run the pilot on them")
-    return table
-
-
-def unlearned_tasks(budgets: pd.DataFrame, tasks: Sequence[str]) -> dict[str, str]:
-    """The tasks of `tasks` the budgets leave out (no reference learned them within the cap), each with its
-    reason."""
-    return {
-        line["task"]: f"learned by no reference within {int(line['cap']):,} steps (the pilot's rule)"
-        for _, line in budgets.iterrows()
-        if line["task"] in tasks and bool(line["left_out"])
-    }
-
-
-def kept_tasks(budgets: pd.DataFrame) -> list[str]:
-    """The tasks the budgets keep in the suite (given a budget, not left out): a `mean` claim's tasks."""
-    return sorted(budgets.loc[~budgets["left_out"].astype(bool) & budgets["budget"].notna(), "task"])
 
 
 def write_tasks_report(
