@@ -14,7 +14,7 @@ import torch
 
 from conftest import ROOT, isolated_env, run_main, run_train
 from posab.errors import ConfigError
-from posab.io import atomic_write, write_json
+from posab.io import atomic_write, publish_directory, write_json, write_text
 
 RESUMABLE = ["train.steps=30", "train.batch_size=16", "train.checkpoint_every=5", "train.val_every=5",
              "train.log_every=1", "logger=jsonl"]  # fmt: skip
@@ -256,3 +256,16 @@ def test_atomic_write_keeps_the_old_file_and_leaves_no_temp_file_when_writing_fa
         write_json(path, {("a", "tuple"): "keys must be strings"})  # type: ignore[dict-item]
     assert json.loads(path.read_text()) == {"status": "running"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def test_atomic_writes_leave_the_permissions_a_plain_write_would(tmp_path: Path) -> None:
+    """Not tempfile's owner-only ones: a new file and a published folder get the umask's mode, and a file
+    written over keeps its own."""
+    (tmp_path / "plain.txt").write_text("x")
+    (tmp_path / "plain").mkdir()
+    mode = lambda p: p.stat().st_mode & 0o7777  # noqa: E731
+    assert mode(write_text(tmp_path / "new.txt", "x")) == mode(tmp_path / "plain.txt")
+    published = publish_directory(tmp_path / "cache", lambda staging: (staging / "part").write_text("x"))
+    assert mode(published) == mode(tmp_path / "plain")
+    (tmp_path / "new.txt").chmod(0o640)
+    assert mode(write_text(tmp_path / "new.txt", "y")) == 0o640

@@ -1,4 +1,6 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+"""Atomic file writes: a reader sees the old file or the new one, never half of one. What they write has
+the permissions a plain write would give (tempfile's own are owner-only: a results file or a shared data
+cache others on the machine could not read)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,24 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+def _read_umask() -> int:
+    """The process's umask (read at import, in the importing thread: setting it to read it is a race)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _read_umask()
+
+
+def plain_mode(path: Path, directory: bool = False) -> int:
+    """The permissions `open(path, "w")` (or `mkdir`) would leave: an existing file's own, else the
+    umask's."""
+    if not directory and path.is_file():
+        return path.stat().st_mode & 0o7777
+    return (0o777 if directory else 0o666) & ~UMASK
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
@@ -22,6 +42,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     tmp = Path(name)
     try:
         write(tmp)
+        tmp.chmod(plain_mode(path))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -47,6 +68,7 @@ def publish_directory(folder: Path, fill: Callable[[Path], None]) -> Path:
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
     try:
         fill(staging)
+        staging.chmod(plain_mode(folder, directory=True))
         os.replace(staging, folder)
     except OSError:
         if not folder.is_dir():
