@@ -302,24 +302,36 @@ NAMES = {
 
 def test_the_learned_grid_s_tables_recompute_from_its_parts_and_its_reading_quotes_them() -> None:
     """results/tasks/learned: tasks.csv and mrr.csv are what the parts' runs.csv give, and each row of a
-    part's table in its README (seen and unseen exact match, mean ± sample std, and the seeds that fit at
-    0.9) is what tasks.csv gives."""
+    part's table in its README (one table a part, its tasks read from its header: seen and unseen exact
+    match, mean ± sample std, and the seeds that fit at 0.9) is what tasks.csv gives."""
     frame = frame_of(task_runs(collect_runs(sorted(LEARNED.glob("part*")))))
     pd.testing.assert_frame_equal(frame, pd.read_csv(LEARNED / "tasks.csv"), check_dtype=False, rtol=1e-12)
     _, table = mrr_lines(frame)
     committed = pd.read_csv(LEARNED / "mrr.csv", index_col="encoding")
     pd.testing.assert_frame_equal(table, committed, check_names=False, rtol=1e-12)
-    rows = [
-        line for line in (LEARNED / "README.md").read_text().splitlines() if line.split(" | ")[0][2:] in NAMES
-    ]
-    assert len(rows) == len(NAMES) * len(sorted(LEARNED.glob("part*")))
-    for line in rows:
-        name, *cells = line.strip("| ").split(" | ")
-        for task, (seen, unseen, fit) in zip(("copy", "reverse"), (cells[:3], cells[3:]), strict=True):
+    tables = part_tables((LEARNED / "README.md").read_text())
+    assert len(tables) == len(sorted(LEARNED.glob("part*")))
+    for tasks, rows in tables:
+        assert sorted(name for name, _ in rows) == sorted(NAMES)
+        cells = [(name, task, row[3 * i : 3 * i + 3]) for name, row in rows for i, task in enumerate(tasks)]
+        for name, task, (seen, unseen, fit) in cells:
             runs = frame[(frame["encoding"] == NAMES[name]) & (frame["task"] == task)]
             for text, column in ((seen, "exact_seen"), (unseen, "exact_unseen")):
                 assert text == f"{runs[column].mean():.3f} ± {runs[column].std():.3f}", (name, task, column)
             assert fit == f"{int((runs['exact_seen'] >= 0.9).sum())}/{len(runs)}", (name, task)
+
+
+def part_tables(readme: str) -> list[tuple[list[str], list[tuple[str, list[str]]]]]:
+    """Each part's table in the grid's README: its tasks (a header `| encoding | TASK, seen | TASK, unseen
+    | fit | ...`) and its rows (the encoding's display name, its cells)."""
+    tables: list[tuple[list[str], list[tuple[str, list[str]]]]] = []
+    for line in readme.splitlines():
+        cells = line.strip("| ").split(" | ")
+        if line.startswith("| encoding |") and cells[1].endswith(", seen"):
+            tables.append(([c.removesuffix(", seen") for c in cells[1:] if c.endswith(", seen")], []))
+        elif tables and line.startswith("| ") and cells[0] in NAMES:
+            tables[-1][1].append((cells[0], cells[1:]))
+    return tables
 
 
 @pytest.mark.parametrize(
